@@ -1,0 +1,5 @@
+def main() -> None:
+    print("hi")
+
+
+x: int = "a"

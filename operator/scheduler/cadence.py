@@ -1,0 +1,215 @@
+"""The Cadence policy: one control cycle of pacing and concentration, as a pure function.
+
+`plan(snapshot, state) -> (actions, state)` reads nothing but its arguments: no I/O, no
+clock, no randomness. The order of a cycle is
+
+1. admit every group the staleness bound allows;
+2. advance empty workers (advance rule, last-host rule);
+3. per version, decide the phase: concentration once its short end is exhausted and a
+   newer version has fresh work, pacing otherwise; keep or pick the concentration source;
+4. restore the floor on every worker (pacing and sources: longest first; concentration
+   targets: shortest first);
+5. concentration versions: place pending longest first onto targets, then let the source
+   depart as fast as targets absorb;
+6. pacing versions: place pending and fresh work shortest first by tight fit.
+
+Trajectories departed in step 4 are pending from that moment and are offered to steps 5
+and 6 in the same cycle: a departure commits to a direction, not a target.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from heapq import merge
+
+from cadence.operator.scheduler.actions import Action, Admit, Advance, Evict, Place
+from cadence.operator.scheduler.admission import ShortEnd, groups_to_admit
+from cadence.operator.scheduler.concentration import (
+    concentrate,
+    evict_shortest_to_floor,
+    select_source,
+)
+from cadence.operator.scheduler.pacing import Fit, evict_longest_to_floor, place_by_fit
+from cadence.operator.scheduler.snapshot import PendingTrajectory, Snapshot
+from cadence.operator.scheduler.state import CadenceState
+from cadence.operator.scheduler.versions import advance_target, may_leave
+from cadence.operator.scheduler.working import WorkingWorker
+
+
+def _by_length(p: PendingTrajectory) -> tuple[int, str]:
+    return (p.context, p.id)
+
+
+@dataclass(frozen=True, slots=True)
+class CadencePolicy:
+    """Cadence's scheduler. `fit="worst"` is the paper's no-tight-fit ablation, for tests."""
+
+    fit: Fit = "tight"
+    name: str = "cadence"
+
+    def initial_state(self) -> CadenceState:
+        return CadenceState()
+
+    def plan(self, snapshot: Snapshot, state: CadenceState) -> tuple[list[Action], CadenceState]:
+        knobs = snapshot.knobs
+        actions: list[Action] = []
+        admit = groups_to_admit(snapshot)
+        if admit:
+            actions.append(Admit(admit))
+
+        workers = [WorkingWorker(view) for view in snapshot.workers]
+        unfinished = {w.version for w in workers if w.count and w.version is not None}
+        unfinished.update(snapshot.pending_by_version)
+        was_source = {
+            w.id
+            for w in workers
+            if w.accepting and w.version is not None and state.sources.get(w.version) == w.id
+        }
+        hosts: dict[int, int] = {}
+        for w in workers:
+            if w.accepting and w.id not in was_source:
+                assert w.version is not None
+                hosts[w.version] = hosts.get(w.version, 0) + 1
+        actions.extend(
+            _advance_empty(workers, snapshot.newest_version, unfinished, hosts, was_source)
+        )
+
+        by_version: dict[int, list[WorkingWorker]] = {}
+        for w in workers:
+            if w.accepting:
+                assert w.version is not None
+                by_version.setdefault(w.version, []).append(w)
+
+        short_end = ShortEnd(snapshot)
+        sources: dict[int, str] = {}
+        concentrating: dict[int, WorkingWorker | None] = {}
+        for version, members in sorted(by_version.items()):
+            kept = state.sources.get(version)
+            if version >= snapshot.newest_version or not short_end.exhausted(version):
+                continue
+            if kept is None and not (
+                knobs.concentrate_without_fresh
+                or short_end.newer_has_fresh(version, snapshot.newest_version)
+            ):
+                continue
+            source = _keep_or_select_source(members, kept)
+            concentrating[version] = source
+            if source is not None:
+                sources[version] = source.id
+
+        by_id = {w.id: w for w in workers}
+        evictions: list[Evict] = []
+        for version, members in by_version.items():
+            for w in members:
+                if version in concentrating and not w.source:
+                    evict_shortest_to_floor(w, knobs.h_min, knobs.min_decode, evictions)
+                else:
+                    evict_longest_to_floor(w, knobs.h_min, knobs.min_decode, evictions)
+        departed: dict[int, list[PendingTrajectory]] = {}
+        for e in evictions:
+            version = by_id[e.worker].version
+            assert version is not None
+            departed.setdefault(version, []).append(
+                PendingTrajectory(e.trajectory, version, e.context, snapshot.now)
+            )
+        pending = {
+            v: _with_departed(snapshot.pending_by_version.get(v, ()), departed.get(v, []))
+            for v in set(snapshot.pending_by_version) | set(departed)
+        }
+
+        placements: list[Place] = []
+        for version, source in concentrating.items():
+            targets = [w for w in by_version[version] if not w.source]
+            concentrate(
+                source,
+                targets,
+                pending.get(version, ()),
+                h_min=knobs.h_min,
+                min_decode=knobs.min_decode,
+                evictions=evictions,
+                placements=placements,
+            )
+        pacing_workers = {
+            v: [w for w in ws if not w.source]
+            for v, ws in by_version.items()
+            if v not in concentrating
+        }
+        place_by_fit(
+            pacing_workers,
+            {v: ps for v, ps in pending.items() if v in pacing_workers},
+            snapshot.fresh_sorted,
+            batch_size=snapshot.admission.batch_size,
+            h_min=knobs.h_min,
+            delta=knobs.delta,
+            eta=knobs.eta,
+            out=placements,
+            fit=self.fit,
+        )
+        actions.extend(evictions)
+        actions.extend(placements)
+        return actions, CadenceState.of(sources)
+
+
+def _advance_empty(
+    workers: Sequence[WorkingWorker],
+    newest: int,
+    unfinished: set[int],
+    hosts: dict[int, int],
+    sources: set[str],
+) -> list[Advance]:
+    """Advance every empty worker the rules allow; an advancing worker takes no work now.
+
+    Workers are taken in snapshot order and each move updates `hosts`, so two empty
+    workers never both leave a version's last host behind, nor both rush to one version.
+    """
+    advances: list[Advance] = []
+    for w in workers:
+        if w.count or w.view.draining:
+            continue
+        target = advance_target(w.version, newest, unfinished, hosts)
+        if w.version is not None and target <= w.version:
+            continue
+        is_source = w.id in sources
+        if not may_leave(w.version, is_source, unfinished, hosts):
+            continue
+        if w.version is not None and not is_source:
+            hosts[w.version] -= 1
+        hosts[target] = hosts.get(target, 0) + 1
+        w.accepting = False
+        advances.append(Advance(w.id, target))
+    return advances
+
+
+def _keep_or_select_source(
+    members: Sequence[WorkingWorker], kept: str | None
+) -> WorkingWorker | None:
+    """One source at a time per version: keep the current one while it is still valid."""
+    chosen: WorkingWorker | None = None
+    if len(members) >= 2:
+        chosen = next((w for w in members if w.id == kept and w.count > 0), None)
+    if chosen is None:
+        chosen = select_source(members)
+    if chosen is not None:
+        chosen.source = True
+        chosen.accepting = False
+    return chosen
+
+
+def _with_departed(
+    pending: Sequence[PendingTrajectory], departed: list[PendingTrajectory]
+) -> Sequence[PendingTrajectory]:
+    if not departed:
+        return pending
+    departed.sort(key=_by_length)
+    return list(merge(pending, departed, key=_by_length))
+
+
+_DEFAULT = CadencePolicy()
+
+
+def plan(
+    snapshot: Snapshot, state: CadenceState | None = None
+) -> tuple[list[Action], CadenceState]:
+    """Plan one control cycle with the Cadence policy (tight fit)."""
+    return _DEFAULT.plan(snapshot, state if state is not None else CadenceState())

@@ -1,0 +1,184 @@
+"""What a policy sees of the pool in one control cycle.
+
+The snapshot is the scheduler's whole input (with the policy's own state): the control
+loop, the simulator and tests build it; nothing in it talks to a worker. It holds ids and
+lengths only, never tokens (DESIGN.md, "Where token state lives").
+
+Construction normalises once what every cycle would otherwise redo: residents are kept
+longest first, pending trajectories and fresh samples shortest first, and each worker
+knows its resident KV. Building a snapshot is the observer's cost; planning over it is the
+policy's (the scheduler bench reports both).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from cadence.operator.scheduler.errors import ConfigError
+
+
+@dataclass(frozen=True, slots=True)
+class Resident:
+    """A trajectory decoding on a worker.
+
+    `context` is the KV it holds in tokens (prompt + generated so far);
+    `decoded_since_placement` counts tokens decoded on this worker since it was placed
+    there (the anti-thrash rule reads it).
+    """
+
+    id: str
+    context: int
+    decoded_since_placement: int
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerView:
+    """One worker as observed: it serves exactly one policy version at a time.
+
+    `version` is None for a worker that holds no weights yet (new or replacement).
+    `residents` are stored longest first (ties by id), whatever order they came in.
+    """
+
+    id: str
+    accelerator: str
+    affinity: int
+    version: int | None
+    capacity: int
+    residents: tuple[Resident, ...] = ()
+    draining: bool = False
+    used: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        if self.capacity <= 0:
+            raise ConfigError(f"worker {self.id} has KV capacity {self.capacity}; it must be > 0")
+        ordered = tuple(sorted(self.residents, key=_longest_first))
+        object.__setattr__(self, "residents", ordered)
+        object.__setattr__(self, "used", sum(r.context for r in ordered))
+
+    @property
+    def headroom(self) -> int:
+        """H_w: KV capacity minus resident KV, in tokens."""
+        return self.capacity - self.used
+
+
+@dataclass(frozen=True, slots=True)
+class PendingTrajectory:
+    """A started trajectory in P_v: departed, or waiting for its environment.
+
+    `placeable` is False while it waits for an environment observation.
+    """
+
+    id: str
+    version: int
+    context: int
+    since: float
+    placeable: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class FreshSample:
+    """An admitted sample that has not started: unbound to any version yet.
+
+    `group` is the admission index of its prompt group; its batch is `group // B`.
+    """
+
+    id: str
+    group: int
+    prompt_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """Admission counters: groups admitted so far, groups per batch B, and the total."""
+
+    groups_admitted: int
+    batch_size: int
+    total_groups: int
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1:
+            raise ConfigError(f"batch size B is {self.batch_size}; it must be at least 1")
+        if self.total_groups < 0 or self.groups_admitted < 0:
+            raise ConfigError("admission counters must not be negative")
+        if self.groups_admitted > self.total_groups:
+            raise ConfigError(
+                f"{self.groups_admitted} groups admitted exceeds the total of {self.total_groups}"
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class Knobs:
+    """The scheduling knobs of a TrainingRun.
+
+    h_min: headroom floor (tokens); delta: per-resident decode reserve (tokens);
+    eta: staleness bound (versions); min_decode: anti-thrash minimum, the tokens a
+    trajectory decodes after a placement before it may be evicted again (>= 1, so every
+    move buys progress); concentrate_without_fresh: start concentration even when no newer
+    version has fresh work for the emptied source (an experiment switch, off by default).
+    """
+
+    h_min: int
+    delta: int
+    eta: int
+    min_decode: int = 64
+    concentrate_without_fresh: bool = False
+
+    def __post_init__(self) -> None:
+        if self.h_min < 0:
+            raise ConfigError(f"h_min is {self.h_min}; it must be >= 0")
+        if self.delta < 0:
+            raise ConfigError(f"delta is {self.delta}; it must be >= 0")
+        if self.eta < 0:
+            raise ConfigError(f"eta is {self.eta}; it must be >= 0")
+        if self.min_decode < 1:
+            raise ConfigError(
+                f"the anti-thrash minimum is {self.min_decode}; it must be >= 1 "
+                "or a trajectory could be moved forever without progress"
+            )
+
+
+def _longest_first(r: Resident) -> tuple[int, str]:
+    return (-r.context, r.id)
+
+
+def _shortest_first(item: PendingTrajectory | FreshSample) -> tuple[int, str]:
+    if isinstance(item, FreshSample):
+        return (item.prompt_tokens, item.id)
+    return (item.context, item.id)
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """The pool at time `now`, plus the run's counters and knobs.
+
+    `pending` is every P_v together (each item names its version); `fresh` is the pool of
+    admitted, unstarted samples. Derived indexes (`pending_by_version`, `fresh_sorted`)
+    are built once here.
+    """
+
+    now: float
+    workers: tuple[WorkerView, ...]
+    pending: tuple[PendingTrajectory, ...]
+    fresh: tuple[FreshSample, ...]
+    newest_version: int
+    admission: Admission
+    knobs: Knobs
+    seed: int = 0
+    pending_by_version: Mapping[int, tuple[PendingTrajectory, ...]] = field(init=False)
+    fresh_sorted: tuple[FreshSample, ...] = field(init=False)
+
+    def __post_init__(self) -> None:
+        if self.newest_version < 0:
+            raise ConfigError(f"newest version is {self.newest_version}; it must be >= 0")
+        grouped: dict[int, list[PendingTrajectory]] = {}
+        for p in self.pending:
+            grouped.setdefault(p.version, []).append(p)
+        by_version = {v: tuple(sorted(ps, key=_shortest_first)) for v, ps in grouped.items()}
+        object.__setattr__(self, "pending_by_version", MappingProxyType(by_version))
+        object.__setattr__(self, "fresh_sorted", tuple(sorted(self.fresh, key=_shortest_first)))
+
+    def batch_of(self, sample: FreshSample) -> int:
+        """The training batch a fresh sample belongs to."""
+        return sample.group // self.admission.batch_size

@@ -1,0 +1,152 @@
+"""Pacing rules: floor eviction longest first, tight-fit placement shortest first."""
+
+from __future__ import annotations
+
+from cadence.operator.scheduler import CadencePolicy, CadenceState, EvictReason, plan
+
+from .factories import (
+    make_fresh,
+    make_knobs,
+    make_pending,
+    make_resident,
+    make_snapshot,
+    make_worker,
+)
+from .helpers import evicted_from, evictions, placed_on
+
+
+def test_figure_8_story() -> None:
+    """The paper's Figure 8: (a) worker 1 sheds its longest resident at the floor;
+    (b) trajectory 7 fits both workers and goes to worker 1, the tighter one;
+    (c) trajectory 2 would break worker 1's placement threshold and goes to worker 2;
+    trajectory 3 fits nowhere and stays pending."""
+    w1 = make_worker("w1", capacity=1000, residents=[500, 300, 150])  # H = 50 < h_min
+    w2 = make_worker("w2", capacity=1000, residents=[400])  # H = 600
+    snap = make_snapshot(
+        [w1, w2],
+        pending=[make_pending("t7", 100), make_pending("t2", 250), make_pending("t3", 600)],
+        knobs=make_knobs(h_min=100, delta=50),
+    )
+    actions, _ = plan(snap)
+    assert evicted_from(actions) == [("w1-r0", "w1")]
+    assert placed_on(actions) == {"t7": "w1", "t2": "w2"}
+
+
+def test_floor_evicts_longest_until_restored() -> None:
+    w = make_worker("w", capacity=1000, residents=[100, 400, 300, 150])  # H = 50
+    actions, _ = plan(make_snapshot([w], knobs=make_knobs(h_min=500)))
+    # 400 out -> H 450, still < 500; 300 out -> H 750.
+    assert [(e.context, e.reason) for e in evictions(actions)] == [
+        (400, EvictReason.FLOOR),
+        (300, EvictReason.FLOOR),
+    ]
+
+
+def test_floor_eviction_respects_anti_thrash_minimum() -> None:
+    fresh_long = make_resident("just-placed", 600, decoded=3)
+    old_short = make_resident("old", 300, decoded=500)
+    w = make_worker("w", capacity=1000, residents=[fresh_long, old_short])  # H = 100
+    actions, _ = plan(make_snapshot([w], knobs=make_knobs(h_min=200, min_decode=64)))
+    assert evicted_from(actions) == [("old", "w")]
+
+
+def test_no_eviction_above_floor() -> None:
+    w = make_worker("w", capacity=1000, residents=[500, 300])  # H = 200
+    actions, _ = plan(make_snapshot([w], knobs=make_knobs(h_min=200)))
+    assert evictions(actions) == []
+
+
+def test_threshold_counts_the_incoming_trajectory_in_the_reserve() -> None:
+    # H = 600, one resident: placing c needs 600 - c >= 100 + 50 * 2 = 200, so c <= 400.
+    w = make_worker("w", capacity=1000, residents=[400])
+    snap = make_snapshot(
+        [w],
+        pending=[make_pending("fits", 400), make_pending("too-big", 401)],
+        knobs=make_knobs(h_min=100, delta=50),
+    )
+    assert placed_on(plan(snap)[0]) == {"fits": "w"}
+    snap = make_snapshot(
+        [w], pending=[make_pending("too-big", 401)], knobs=make_knobs(h_min=100, delta=50)
+    )
+    assert placed_on(plan(snap)[0]) == {}
+
+
+def test_shortest_first_keeps_the_large_gap_for_long_work() -> None:
+    tight = make_worker("tight", capacity=1000, residents=[700])  # H = 300
+    roomy = make_worker("roomy", capacity=1000, residents=[100])  # H = 900
+    snap = make_snapshot(
+        [tight, roomy],
+        pending=[make_pending("long", 800), make_pending("short", 200)],
+    )
+    assert placed_on(plan(snap)[0]) == {"short": "tight", "long": "roomy"}
+
+
+def test_worst_fit_ablation_spreads_short_work() -> None:
+    tight = make_worker("tight", capacity=1000, residents=[700])
+    roomy = make_worker("roomy", capacity=1000, residents=[100])
+    snap = make_snapshot([tight, roomy], pending=[make_pending("short", 200)])
+    actions, _ = CadencePolicy(fit="worst").plan(snap, CadenceState())
+    assert placed_on(actions) == {"short": "roomy"}
+
+
+def test_pending_resumes_only_on_its_own_version() -> None:
+    old = make_worker("old", version=0, residents=[100])
+    new = make_worker("new", version=1, residents=[900])
+    snap = make_snapshot([old, new], pending=[make_pending("t", 50, version=1)], newest=1)
+    assert placed_on(plan(snap)[0]) == {"t": "new"}
+    snap = make_snapshot([old], pending=[make_pending("t", 50, version=1)], newest=1)
+    assert placed_on(plan(snap)[0]) == {}
+
+
+def test_trajectory_waiting_for_environment_is_not_placed() -> None:
+    w = make_worker("w")
+    snap = make_snapshot([w], pending=[make_pending("t", 50, placeable=False)])
+    assert placed_on(plan(snap)[0]) == {}
+
+
+def test_departed_trajectory_is_placed_in_the_same_cycle() -> None:
+    busy = make_worker("busy", capacity=1000, residents=[600, 390])  # H = 10
+    idle = make_worker("idle", capacity=1000, residents=[50])
+    snap = make_snapshot([busy, idle], knobs=make_knobs(h_min=100, delta=10))
+    actions, _ = plan(snap)
+    assert evicted_from(actions) == [("busy-r0", "busy")]
+    assert placed_on(actions) == {"busy-r0": "idle"}
+
+
+def test_fresh_sample_binds_only_within_eta() -> None:
+    # Batch 2 (group 2, B = 1) with eta = 1 may start on versions >= 1 only.
+    v0 = make_worker("v0", version=0, residents=[500])
+    v1 = make_worker("v1", version=1, residents=[100])
+    snap = make_snapshot(
+        [v0, v1],
+        fresh=[make_fresh("s", group=2)],
+        newest=1,
+        knobs=make_knobs(eta=1),
+        admitted=3,
+        total_groups=3,
+    )
+    actions, _ = plan(snap)
+    (p,) = [a for a in actions if getattr(a, "trajectory", None) == "s"]
+    assert (p.worker, p.version) == ("v1", 1)  # type: ignore[attr-defined]
+
+
+def test_fresh_sample_goes_to_the_tightest_worker_of_any_allowed_version() -> None:
+    v0 = make_worker("v0", version=0, residents=[800])
+    v1 = make_worker("v1", version=1, residents=[100])
+    snap = make_snapshot(
+        [v0, v1],
+        fresh=[make_fresh("s", group=1)],
+        newest=1,
+        knobs=make_knobs(eta=1),
+        admitted=2,
+        total_groups=2,
+    )
+    assert placed_on(plan(snap)[0]) == {"s": "v0"}
+
+
+def test_draining_worker_receives_nothing() -> None:
+    draining = make_worker("d", residents=[900], draining=True)
+    snap = make_snapshot([draining], pending=[make_pending("t", 10)])
+    actions, _ = plan(snap)
+    assert placed_on(actions) == {}
+    assert evictions(actions) == []
