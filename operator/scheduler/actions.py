@@ -1,7 +1,8 @@
 """What a policy asks the caller to do; the caller applies these through worker endpoints.
 
-Every action is a plain frozen value. The order in a plan matters only within one worker:
-a worker's evictions come before the placements onto it that they made room for.
+Every action is a plain frozen value. A plan lists actions in the order they were
+decided, and the caller applies them in that order: an eviction always comes before the
+placement it made room for.
 """
 
 from __future__ import annotations

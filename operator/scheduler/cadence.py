@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from heapq import merge
 
-from cadence.operator.scheduler.actions import Action, Admit, Advance, Evict, Place
+from cadence.operator.scheduler.actions import Action, Admit, Advance, Evict
 from cadence.operator.scheduler.admission import ShortEnd, groups_to_admit
 from cadence.operator.scheduler.concentration import (
     concentrate,
@@ -99,15 +99,16 @@ class CadencePolicy:
                 sources[version] = source.id
 
         by_id = {w.id: w for w in workers}
-        evictions: list[Evict] = []
+        first = len(actions)
         for version, members in by_version.items():
             for w in members:
                 if version in concentrating and not w.source:
-                    evict_shortest_to_floor(w, knobs.h_min, knobs.min_decode, evictions)
+                    evict_shortest_to_floor(w, knobs.h_min, knobs.min_decode, actions)
                 else:
-                    evict_longest_to_floor(w, knobs.h_min, knobs.min_decode, evictions)
+                    evict_longest_to_floor(w, knobs.h_min, knobs.min_decode, actions)
         departed: dict[int, list[PendingTrajectory]] = {}
-        for e in evictions:
+        for e in actions[first:]:
+            assert isinstance(e, Evict)
             version = by_id[e.worker].version
             assert version is not None
             departed.setdefault(version, []).append(
@@ -118,7 +119,6 @@ class CadencePolicy:
             for v in set(snapshot.pending_by_version) | set(departed)
         }
 
-        placements: list[Place] = []
         for version, source in concentrating.items():
             targets = [w for w in by_version[version] if not w.source]
             concentrate(
@@ -127,8 +127,7 @@ class CadencePolicy:
                 pending.get(version, ()),
                 h_min=knobs.h_min,
                 min_decode=knobs.min_decode,
-                evictions=evictions,
-                placements=placements,
+                out=actions,
             )
         pacing_workers = {
             v: [w for w in ws if not w.source]
@@ -143,11 +142,9 @@ class CadencePolicy:
             h_min=knobs.h_min,
             delta=knobs.delta,
             eta=knobs.eta,
-            out=placements,
+            out=actions,
             fit=self.fit,
         )
-        actions.extend(evictions)
-        actions.extend(placements)
         return actions, CadenceState.of(sources)
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Sequence
 
-from cadence.operator.scheduler.actions import Evict, EvictReason, Place
+from cadence.operator.scheduler.actions import Action, Evict, EvictReason, Place
 from cadence.operator.scheduler.snapshot import PendingTrajectory, Resident
 from cadence.operator.scheduler.working import WorkingWorker
 
@@ -35,7 +35,7 @@ def select_source(candidates: Sequence[WorkingWorker]) -> WorkingWorker | None:
 
 
 def evict_shortest_to_floor(
-    worker: WorkingWorker, h_min: int, min_decode: int, out: list[Evict]
+    worker: WorkingWorker, h_min: int, min_decode: int, out: list[Action]
 ) -> None:
     """Floor rule (concentration target): while H_w < h_min, depart the shortest resident.
 
@@ -96,11 +96,12 @@ class TargetIndex:
         context: int,
         h_min: int,
         min_decode: int,
-        evictions: list[Evict],
-        placements: list[Place],
-    ) -> bool:
+        out: list[Action],
+    ) -> tuple[bool, int]:
         """Placement rule (concentration): the first target in order that fits or can make
         room by departing residents shorter than the incoming trajectory; threshold h_min.
+
+        Returns whether it was placed and how many residents it displaced.
         """
         for heap in self._classes:
             worker = heap[0][2]
@@ -113,13 +114,13 @@ class TargetIndex:
                 victims = found
             for r in victims:
                 worker.remove(r)
-                evictions.append(Evict(r.id, worker.id, r.context, EvictReason.MAKE_ROOM))
+                out.append(Evict(r.id, worker.id, r.context, EvictReason.MAKE_ROOM))
             worker.add(trajectory, context)
             assert worker.version is not None
-            placements.append(Place(trajectory, worker.id, worker.version, context))
+            out.append(Place(trajectory, worker.id, worker.version, context))
             heapq.heapreplace(heap, (-worker.headroom, worker.id, worker))
-            return True
-        return False
+            return True, len(victims)
+        return False, 0
 
 
 def concentrate(
@@ -129,32 +130,26 @@ def concentrate(
     *,
     h_min: int,
     min_decode: int,
-    evictions: list[Evict],
-    placements: list[Place],
+    out: list[Action],
 ) -> None:
     """One cycle of concentration for one version.
 
     Pending trajectories (`pending` in ascending context, this cycle's floor departures
-    included) go longest first onto the targets. Then, backpressure: the
-    source departs its next longest resident only while P_v holds no placeable
-    trajectory, and each departure is offered to the targets at once; the first one they
-    cannot absorb stays in P_v and stops the source for this cycle.
+    included) go longest first onto the targets. Then, backpressure: the source departs
+    its next longest resident only while P_v holds no placeable trajectory, and each
+    departure is offered to the targets at once; the first one they cannot absorb stays
+    in P_v and stops the source for this cycle.
     """
     index = TargetIndex(targets)
-    first = len(evictions)
     blocked = False
     for p in reversed(pending):
-        if p.placeable and not index.place(
-            p.id,
-            context=p.context,
-            h_min=h_min,
-            min_decode=min_decode,
-            evictions=evictions,
-            placements=placements,
-        ):
-            blocked = True
-    # Residents displaced by targets wait in P_v for a later pass, so they hold the source.
-    blocked = blocked or len(evictions) > first
+        if not p.placeable:
+            continue
+        placed, displaced = index.place(
+            p.id, context=p.context, h_min=h_min, min_decode=min_decode, out=out
+        )
+        # Residents displaced by targets wait in P_v for a later pass: they hold the source.
+        blocked = blocked or not placed or displaced > 0
     if source is None:
         return
     while not blocked:
@@ -162,14 +157,8 @@ def concentrate(
         if victim is None:
             return
         source.remove(victim)
-        evictions.append(Evict(victim.id, source.id, victim.context, EvictReason.SOURCE))
-        before = len(evictions)
-        placed = index.place(
-            victim.id,
-            context=victim.context,
-            h_min=h_min,
-            min_decode=min_decode,
-            evictions=evictions,
-            placements=placements,
+        out.append(Evict(victim.id, source.id, victim.context, EvictReason.SOURCE))
+        placed, displaced = index.place(
+            victim.id, context=victim.context, h_min=h_min, min_decode=min_decode, out=out
         )
-        blocked = not placed or len(evictions) > before
+        blocked = not placed or displaced > 0

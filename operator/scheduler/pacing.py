@@ -13,7 +13,7 @@ import heapq
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Literal
 
-from cadence.operator.scheduler.actions import Evict, EvictReason, Place
+from cadence.operator.scheduler.actions import Action, Evict, EvictReason, Place
 from cadence.operator.scheduler.admission import may_start
 from cadence.operator.scheduler.snapshot import FreshSample, PendingTrajectory
 from cadence.operator.scheduler.working import WorkingWorker
@@ -23,7 +23,7 @@ Candidate = PendingTrajectory | FreshSample
 
 
 def evict_longest_to_floor(
-    worker: WorkingWorker, h_min: int, min_decode: int, out: list[Evict]
+    worker: WorkingWorker, h_min: int, min_decode: int, out: list[Action]
 ) -> None:
     """Floor rule (pacing): while H_w < h_min, depart the longest resident.
 
@@ -111,7 +111,7 @@ def place_by_fit(
     h_min: int,
     delta: int,
     eta: int,
-    out: list[Place],
+    out: list[Action],
     fit: Fit = "tight",
 ) -> None:
     """Placement rule (pacing): shortest first, each onto the tightest feasible worker.

@@ -45,12 +45,14 @@ def test_may_start_only_on_versions_at_least_batch_minus_eta() -> None:
 def test_exhausted_reads_waiting_and_admissible_groups() -> None:
     base = {"workers": [make_worker("w")], "knobs": make_knobs(eta=1), "batch_size": 2}
     # Group 3 (batch 1) waiting: version 0 may still start it.
-    snap = make_snapshot(fresh=[make_fresh("s", group=3)], newest=1, admitted=6,
-                         total_groups=6, **base)  # type: ignore[arg-type]
+    snap = make_snapshot(
+        fresh=[make_fresh("s", group=3)], newest=1, admitted=6, total_groups=6, **base
+    )  # type: ignore[arg-type]
     assert not ShortEnd(snap).exhausted(0)
     # Only group 4 (batch 2) waiting: too new for version 0, fine for version 1.
-    snap = make_snapshot(fresh=[make_fresh("s", group=4)], newest=1, admitted=6,
-                         total_groups=6, **base)  # type: ignore[arg-type]
+    snap = make_snapshot(
+        fresh=[make_fresh("s", group=4)], newest=1, admitted=6, total_groups=6, **base
+    )  # type: ignore[arg-type]
     assert ShortEnd(snap).exhausted(0)
     assert not ShortEnd(snap).exhausted(1)
     # Nothing waiting, but groups 4 and 5 (batch 2) admissible now: they cannot reach

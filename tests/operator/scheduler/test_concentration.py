@@ -136,9 +136,7 @@ def test_target_makes_room_only_by_shorter_residents_shortest_first() -> None:
     )  # H = 400
     snap = make_snapshot([weak, strong], pending=[make_pending("long", 450)], **_tail_pool())  # type: ignore[arg-type]
     actions, _ = plan(snap)
-    assert [(e.trajectory, e.reason) for e in evictions(actions)] == [
-        ("c", EvictReason.MAKE_ROOM)
-    ]
+    assert [(e.trajectory, e.reason) for e in evictions(actions)] == [("c", EvictReason.MAKE_ROOM)]
     assert placed_on(actions) == {"long": "strong"}
 
 
@@ -155,7 +153,8 @@ def test_target_floor_eviction_sheds_its_shortest_resident() -> None:
     weak = make_worker("weak", affinity=0, residents=[10])
     strong = make_worker("strong", affinity=5, capacity=1000, residents=[700, 250, 30])  # H = 20
     snap = make_snapshot(
-        [weak, strong], **{**_tail_pool(), "knobs": make_knobs(eta=1, h_min=40)}  # type: ignore[arg-type]
+        [weak, strong],
+        **{**_tail_pool(), "knobs": make_knobs(eta=1, h_min=40)},  # type: ignore[arg-type]
     )
     actions, _ = plan(snap)
     floor = [e for e in evictions(actions) if e.reason is EvictReason.FLOOR]
