@@ -1,5 +1,2 @@
 def main() -> None:
     print("hi")
-
-
-x: int = "a"

@@ -71,8 +71,18 @@ class CadencePolicy:
             if w.accepting and w.id not in was_source:
                 assert w.version is not None
                 hosts[w.version] = hosts.get(w.version, 0) + 1
+        waiting = {
+            v for v, ps in snapshot.pending_by_version.items() if any(p.placeable for p in ps)
+        }
         actions.extend(
-            _advance_empty(workers, snapshot.newest_version, unfinished, hosts, was_source)
+            _advance_empty(
+                workers,
+                newest=snapshot.newest_version,
+                unfinished=unfinished,
+                hosts=hosts,
+                sources=was_source,
+                waiting=waiting,
+            )
         )
 
         by_version: dict[int, list[WorkingWorker]] = {}
@@ -109,10 +119,10 @@ class CadencePolicy:
         departed: dict[int, list[PendingTrajectory]] = {}
         for e in actions[first:]:
             assert isinstance(e, Evict)
-            version = by_id[e.worker].version
-            assert version is not None
-            departed.setdefault(version, []).append(
-                PendingTrajectory(e.trajectory, version, e.context, snapshot.now)
+            served = by_id[e.worker].version
+            assert served is not None
+            departed.setdefault(served, []).append(
+                PendingTrajectory(e.trajectory, served, e.context, snapshot.now)
             )
         pending = {
             v: _with_departed(snapshot.pending_by_version.get(v, ()), departed.get(v, []))
@@ -150,15 +160,19 @@ class CadencePolicy:
 
 def _advance_empty(
     workers: Sequence[WorkingWorker],
+    *,
     newest: int,
     unfinished: set[int],
     hosts: dict[int, int],
     sources: set[str],
+    waiting: set[int],
 ) -> list[Advance]:
     """Advance every empty worker the rules allow; an advancing worker takes no work now.
 
-    Workers are taken in snapshot order and each move updates `hosts`, so two empty
-    workers never both leave a version's last host behind, nor both rush to one version.
+    An empty worker (not a source) whose version has placeable pending work stays to take
+    it: nothing else but a worker of that version ever can, and leaving would only make
+    that work wait. Workers are taken in snapshot order and each move updates `hosts`, so
+    two empty workers never both leave a version's last host behind.
     """
     advances: list[Advance] = []
     for w in workers:
@@ -168,6 +182,8 @@ def _advance_empty(
         if w.version is not None and target <= w.version:
             continue
         is_source = w.id in sources
+        if not is_source and w.version in waiting:
+            continue
         if not may_leave(w.version, is_source, unfinished, hosts):
             continue
         if w.version is not None and not is_source:

@@ -26,7 +26,7 @@ def make_resident(id: str, context: int, decoded: int = 10_000) -> Resident:
 def make_worker(
     id: str,
     capacity: int = 1_000,
-    residents: Sequence[Resident] | Sequence[int] = (),
+    residents: Sequence[Resident | int] = (),
     version: int | None = 0,
     affinity: int = 0,
     accelerator: str = "H800",

@@ -66,6 +66,9 @@ def check_plan(
             f"{w.id} advanced to {a.version}, rule says otherwise"
         )
         if w.version is not None and w.id not in old_sources:
+            assert not any(p.placeable and p.version == w.version for p in snap.pending), (
+                f"{w.id} left version {w.version} while its pending work waited"
+            )
             assert not (w.version in unfinished and hosts.get(w.version, 0) <= 1), (
                 f"last host {w.id} of version {w.version} left unfinished work"
             )

@@ -42,23 +42,33 @@ def test_may_start_only_on_versions_at_least_batch_minus_eta() -> None:
     assert may_start(batch=0, version=0, eta=0)
 
 
+def _short_end(fresh_groups: list[int], admitted: int, total: int) -> ShortEnd:
+    snap = make_snapshot(
+        [make_worker("w")],
+        fresh=[make_fresh(f"s{g}", group=g) for g in fresh_groups],
+        newest=1,
+        knobs=make_knobs(eta=1),
+        admitted=admitted,
+        batch_size=2,
+        total_groups=total,
+    )
+    return ShortEnd(snap)
+
+
 def test_exhausted_reads_waiting_and_admissible_groups() -> None:
-    base = {"workers": [make_worker("w")], "knobs": make_knobs(eta=1), "batch_size": 2}
-    # Group 3 (batch 1) waiting: version 0 may still start it.
-    snap = make_snapshot(
-        fresh=[make_fresh("s", group=3)], newest=1, admitted=6, total_groups=6, **base
-    )  # type: ignore[arg-type]
-    assert not ShortEnd(snap).exhausted(0)
+    # Group 3 (batch 1) waiting: version 0 may still start it (B = 2, eta = 1).
+    assert not _short_end([3], admitted=6, total=6).exhausted(0)
     # Only group 4 (batch 2) waiting: too new for version 0, fine for version 1.
-    snap = make_snapshot(
-        fresh=[make_fresh("s", group=4)], newest=1, admitted=6, total_groups=6, **base
-    )  # type: ignore[arg-type]
-    assert ShortEnd(snap).exhausted(0)
-    assert not ShortEnd(snap).exhausted(1)
+    short_end = _short_end([4], admitted=6, total=6)
+    assert short_end.exhausted(0)
+    assert not short_end.exhausted(1)
     # Nothing waiting, but groups 4 and 5 (batch 2) admissible now: they cannot reach
     # version 0, so it is exhausted; version 1 is not.
-    snap = make_snapshot(newest=1, admitted=4, total_groups=10, **base)  # type: ignore[arg-type]
-    assert groups_to_admit(snap) == 2
-    assert ShortEnd(snap).exhausted(0)
-    assert not ShortEnd(snap).exhausted(1)
-    assert ShortEnd(snap).newer_has_fresh(0, newest=1)
+    short_end = _short_end([], admitted=4, total=10)
+    assert short_end.exhausted(0)
+    assert not short_end.exhausted(1)
+    assert short_end.newer_has_fresh(0, newest=1)
+    # Everything admitted and started: every version is exhausted, nothing is fresh.
+    short_end = _short_end([], admitted=10, total=10)
+    assert short_end.exhausted(1)
+    assert not short_end.newer_has_fresh(0, newest=1)

@@ -2,7 +2,17 @@
 
 from __future__ import annotations
 
-from cadence.operator.scheduler import CadenceState, EvictReason, plan
+from collections.abc import Sequence
+
+from cadence.operator.scheduler import (
+    CadenceState,
+    EvictReason,
+    Knobs,
+    PendingTrajectory,
+    Snapshot,
+    WorkerView,
+    plan,
+)
 
 from .factories import (
     make_fresh,
@@ -15,23 +25,28 @@ from .factories import (
 from .helpers import advances, evicted_from, evictions, placed_on
 
 
-def _tail_pool(**kw: object) -> dict[str, object]:
+def _tail(
+    workers: Sequence[WorkerView],
+    pending: Sequence[PendingTrajectory] = (),
+    knobs: Knobs | None = None,
+) -> Snapshot:
     """Version 0 has only a tail left; version 1 is published and has fresh work waiting
     (group 2 of batch 2 with B = 1 and eta = 1 may not start on version 0)."""
-    return dict(
+    return make_snapshot(
+        workers,
+        pending=pending,
         fresh=[make_fresh("new", group=2)],
         newest=1,
-        knobs=make_knobs(eta=1),
+        knobs=knobs or make_knobs(eta=1),
         admitted=3,
         total_groups=3,
-        **kw,
     )
 
 
 def test_source_is_weakest_affinity_and_departs_longest_first() -> None:
     weak = make_worker("weak", affinity=0, residents=[300, 100])
     strong = make_worker("strong", affinity=5, residents=[50])
-    actions, state = plan(make_snapshot([weak, strong], **_tail_pool()))  # type: ignore[arg-type]
+    actions, state = plan(_tail([weak, strong]))
     assert state.sources == {0: "weak"}
     assert evicted_from(actions) == [("weak-r0", "weak"), ("weak-r1", "weak")]
     assert {e.reason for e in evictions(actions)} == {EvictReason.SOURCE}
@@ -69,20 +84,20 @@ def test_source_ties_fewest_resident_tokens_then_id() -> None:
     b = make_worker("b", affinity=0, residents=[200])
     c = make_worker("c", affinity=0, residents=[200])
     d = make_worker("d", affinity=1, residents=[10])
-    assert plan(make_snapshot([a, b, c, d], **_tail_pool()))[1].sources == {0: "b"}  # type: ignore[arg-type]
+    assert plan(_tail([a, b, c, d]))[1].sources == {0: "b"}
 
 
 def test_sole_worker_of_a_version_is_never_a_source() -> None:
     only = make_worker("only", version=0, residents=[300])
     other = make_worker("other", version=1, residents=[10])
-    assert plan(make_snapshot([only, other], **_tail_pool()))[1].sources == {}  # type: ignore[arg-type]
+    assert plan(_tail([only, other]))[1].sources == {}
 
 
 def test_source_waits_while_pending_holds_placeable_work() -> None:
     weak = make_worker("weak", affinity=0, residents=[300])
     strong = make_worker("strong", affinity=5, capacity=1000, residents=[900])
     stuck = make_pending("stuck", 500)  # fits nowhere: strong has H = 100
-    actions, state = plan(make_snapshot([weak, strong], pending=[stuck], **_tail_pool()))  # type: ignore[arg-type]
+    actions, state = plan(_tail([weak, strong], [stuck]))
     assert state.sources == {0: "weak"}
     assert evictions(actions) == []
 
@@ -91,14 +106,14 @@ def test_waiting_for_environment_does_not_hold_the_source() -> None:
     weak = make_worker("weak", affinity=0, residents=[300])
     strong = make_worker("strong", affinity=5, residents=[100])
     env = make_pending("tool-call", 500, placeable=False)
-    actions, _ = plan(make_snapshot([weak, strong], pending=[env], **_tail_pool()))  # type: ignore[arg-type]
+    actions, _ = plan(_tail([weak, strong], [env]))
     assert evicted_from(actions) == [("weak-r0", "weak")]
 
 
 def test_source_stops_at_the_first_departure_targets_cannot_absorb() -> None:
     weak = make_worker("weak", affinity=0, residents=[600, 200, 100])
     strong = make_worker("strong", affinity=5, capacity=1000, residents=[650])  # H = 350
-    actions, _ = plan(make_snapshot([weak, strong], **_tail_pool()))  # type: ignore[arg-type]
+    actions, _ = plan(_tail([weak, strong]))
     # 600 departs and cannot be placed (strong's only resident is longer, so it may not
     # be displaced for it): 600 waits in P_v, so 200 and 100 stay on the source.
     assert evicted_from(actions) == [("weak-r0", "weak")]
@@ -110,11 +125,10 @@ def test_pending_longest_first_by_affinity_then_headroom_floor_only() -> None:
     best = make_worker("best", affinity=9, capacity=1000, residents=[400])  # H = 600
     mid_roomy = make_worker("mid-roomy", affinity=5, capacity=1000, residents=[100])
     mid_tight = make_worker("mid-tight", affinity=5, capacity=1000, residents=[500])
-    snap = make_snapshot(
+    snap = _tail(
         [weak, best, mid_roomy, mid_tight],
-        pending=[make_pending("p500", 500), make_pending("p300", 300), make_pending("p50", 50)],
+        [make_pending("p500", 500), make_pending("p300", 300), make_pending("p50", 50)],
         knobs=make_knobs(eta=1, h_min=100, delta=1000),  # delta is ignored in concentration
-        **{k: v for k, v in _tail_pool().items() if k != "knobs"},  # type: ignore[arg-type]
     )
     actions, _ = plan(snap)
     placed = placed_on(actions)
@@ -134,7 +148,7 @@ def test_target_makes_room_only_by_shorter_residents_shortest_first() -> None:
         capacity=1000,
         residents=[make_resident("a", 300), make_resident("b", 200), make_resident("c", 100)],
     )  # H = 400
-    snap = make_snapshot([weak, strong], pending=[make_pending("long", 450)], **_tail_pool())  # type: ignore[arg-type]
+    snap = _tail([weak, strong], [make_pending("long", 450)])
     actions, _ = plan(snap)
     assert [(e.trajectory, e.reason) for e in evictions(actions)] == [("c", EvictReason.MAKE_ROOM)]
     assert placed_on(actions) == {"long": "strong"}
@@ -143,7 +157,7 @@ def test_target_makes_room_only_by_shorter_residents_shortest_first() -> None:
 def test_target_evicts_nothing_when_shorter_residents_cannot_make_room() -> None:
     weak = make_worker("weak", affinity=0, residents=[10])
     strong = make_worker("strong", affinity=5, capacity=1000, residents=[700, 250])  # H = 50
-    snap = make_snapshot([weak, strong], pending=[make_pending("long", 400)], **_tail_pool())  # type: ignore[arg-type]
+    snap = _tail([weak, strong], [make_pending("long", 400)])
     actions, _ = plan(snap)
     assert placed_on(actions) == {}
     assert [e for e in evictions(actions) if e.worker == "strong"] == []
@@ -152,10 +166,7 @@ def test_target_evicts_nothing_when_shorter_residents_cannot_make_room() -> None
 def test_target_floor_eviction_sheds_its_shortest_resident() -> None:
     weak = make_worker("weak", affinity=0, residents=[10])
     strong = make_worker("strong", affinity=5, capacity=1000, residents=[700, 250, 30])  # H = 20
-    snap = make_snapshot(
-        [weak, strong],
-        **{**_tail_pool(), "knobs": make_knobs(eta=1, h_min=40)},  # type: ignore[arg-type]
-    )
+    snap = _tail([weak, strong], knobs=make_knobs(eta=1, h_min=40))
     actions, _ = plan(snap)
     floor = [e for e in evictions(actions) if e.reason is EvictReason.FLOOR]
     assert [(e.worker, e.context) for e in floor] == [("strong", 30)]
@@ -165,10 +176,8 @@ def test_source_is_kept_across_cycles_and_receives_nothing() -> None:
     weak = make_worker("weak", affinity=0, residents=[make_resident("young", 300, decoded=1)])
     weaker_now = make_worker("b", affinity=0, residents=[5])
     strong = make_worker("strong", affinity=5, residents=[50])
-    snap = make_snapshot(
-        [weak, weaker_now, strong],
-        pending=[make_pending("p", 20)],
-        **{**_tail_pool(), "knobs": make_knobs(eta=1, min_decode=64)},  # type: ignore[arg-type]
+    snap = _tail(
+        [weak, weaker_now, strong], [make_pending("p", 20)], knobs=make_knobs(eta=1, min_decode=64)
     )
     actions, state = plan(snap, CadenceState.of({0: "weak"}))
     assert state.sources == {0: "weak"}
@@ -180,7 +189,7 @@ def test_emptied_source_advances_and_the_next_source_is_chosen() -> None:
     emptied = make_worker("emptied", affinity=0, residents=[])
     second = make_worker("second", affinity=1, residents=[100])
     strong = make_worker("strong", affinity=5, residents=[50])
-    snap = make_snapshot([emptied, second, strong], **_tail_pool())  # type: ignore[arg-type]
+    snap = _tail([emptied, second, strong])
     actions, state = plan(snap, CadenceState.of({0: "emptied"}))
     assert [(a.worker, a.version) for a in advances(actions)] == [("emptied", 1)]
     assert state.sources == {0: "second"}

@@ -6,6 +6,7 @@ import pytest
 
 from cadence.operator.scheduler import (
     ConfigError,
+    Knobs,
     StrandingError,
     check_no_stranding,
     required_capacity,
@@ -23,17 +24,19 @@ def test_group_too_small_for_a_full_length_trajectory_is_refused() -> None:
 
 
 @pytest.mark.parametrize(
-    ("field", "value", "message"),
+    ("h_min", "delta", "eta", "min_decode", "message"),
     [
-        ("h_min", -1, "h_min"),
-        ("delta", -5, "delta"),
-        ("eta", -1, "eta"),
-        ("min_decode", 0, "anti-thrash"),
+        (-1, 0, 0, 1, "h_min"),
+        (0, -5, 0, 1, "delta"),
+        (0, 0, -1, 1, "eta"),
+        (0, 0, 0, 0, "anti-thrash"),
     ],
 )
-def test_bad_knobs_are_refused(field: str, value: int, message: str) -> None:
+def test_bad_knobs_are_refused(
+    h_min: int, delta: int, eta: int, min_decode: int, message: str
+) -> None:
     with pytest.raises(ConfigError, match=message):
-        make_knobs(**{field: value})  # type: ignore[arg-type]
+        Knobs(h_min=h_min, delta=delta, eta=eta, min_decode=min_decode)
 
 
 def test_worker_without_capacity_is_refused() -> None:

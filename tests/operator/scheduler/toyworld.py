@@ -103,7 +103,9 @@ class ToyWorld:
         # (step, worker, version, alone): a concentration source advancing, and whether
         # it is then the only worker serving its new version.
         self.source_advances: list[tuple[int, str, int, bool]] = []
-        self.context_samples: dict[str, list[float]] = {w: [] for w in self.workers}
+        # Per step, each worker's mean resident context (None when it has no residents).
+        self.mean_context: list[dict[str, float | None]] = []
+        self.counts: list[dict[str, int]] = []
 
     @property
     def total_groups(self) -> int:
@@ -195,10 +197,12 @@ class ToyWorld:
         self.step_no += 1
 
     def _decode(self) -> None:
+        means: dict[str, float | None] = {}
+        self.mean_context.append(means)
+        self.counts.append({w.id: len(w.residents) for w in self.workers.values()})
         for w in self.workers.values():
             used = sum(self.trajectories[t].context for t in w.residents)
-            if w.residents:
-                self.context_samples[w.id].append(used / len(w.residents))
+            means[w.id] = used / len(w.residents) if w.residents else None
             growth = {
                 tid: min(w.speed, self.trajectories[tid].length - self.trajectories[tid].generated)
                 for tid in w.residents
