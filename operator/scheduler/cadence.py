@@ -21,11 +21,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from heapq import merge
 
 from cadence.operator.scheduler.actions import Action, Admit, Advance, Evict
 from cadence.operator.scheduler.admission import ShortEnd, groups_to_admit
 from cadence.operator.scheduler.concentration import (
+    Stream,
     concentrate,
     evict_shortest_to_floor,
     select_source,
@@ -35,10 +35,6 @@ from cadence.operator.scheduler.snapshot import PendingTrajectory, Snapshot
 from cadence.operator.scheduler.state import CadenceState
 from cadence.operator.scheduler.versions import advance_target, may_leave
 from cadence.operator.scheduler.working import WorkingWorker
-
-
-def _by_length(p: PendingTrajectory) -> tuple[int, str]:
-    return (p.context, p.id)
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,9 +67,7 @@ class CadencePolicy:
             if w.accepting and w.id not in was_source:
                 assert w.version is not None
                 hosts[w.version] = hosts.get(w.version, 0) + 1
-        waiting = {
-            v for v, ps in snapshot.pending_by_version.items() if any(p.placeable for p in ps)
-        }
+        waiting = {v for v, ps in snapshot.placeable_by_version.items() if ps}
         actions.extend(
             _advance_empty(
                 workers,
@@ -124,17 +118,22 @@ class CadencePolicy:
             departed.setdefault(served, []).append(
                 PendingTrajectory(e.trajectory, served, e.context, snapshot.now)
             )
-        pending = {
-            v: _with_departed(snapshot.pending_by_version.get(v, ()), departed.get(v, []))
-            for v in set(snapshot.pending_by_version) | set(departed)
-        }
+
+        def streams(v: int) -> list[Stream]:
+            """P_v's placeable trajectories as observed, and this cycle's departures."""
+            observed = snapshot.placeable_by_version.get(v, ())
+            out: list[Stream] = [(observed, snapshot.placeable_contexts.get(v, ()))]
+            gone = sorted(departed.get(v, ()), key=_length_then_id)
+            if gone:
+                out.append((gone, [p.context for p in gone]))
+            return out
 
         for version, source in concentrating.items():
             targets = [w for w in by_version[version] if not w.source]
             concentrate(
                 source,
                 targets,
-                pending.get(version, ()),
+                streams(version),
                 h_min=knobs.h_min,
                 min_decode=knobs.min_decode,
                 out=actions,
@@ -146,9 +145,8 @@ class CadencePolicy:
         }
         place_by_fit(
             pacing_workers,
-            {v: ps for v, ps in pending.items() if v in pacing_workers},
-            snapshot.fresh_sorted,
-            batch_size=snapshot.admission.batch_size,
+            [(v, items) for v in pacing_workers for items, _ in streams(v)],
+            snapshot.fresh_by_batch,
             h_min=knobs.h_min,
             delta=knobs.delta,
             eta=knobs.eta,
@@ -209,13 +207,8 @@ def _keep_or_select_source(
     return chosen
 
 
-def _with_departed(
-    pending: Sequence[PendingTrajectory], departed: list[PendingTrajectory]
-) -> Sequence[PendingTrajectory]:
-    if not departed:
-        return pending
-    departed.sort(key=_by_length)
-    return list(merge(pending, departed, key=_by_length))
+def _length_then_id(p: PendingTrajectory) -> tuple[int, str]:
+    return (p.context, p.id)
 
 
 _DEFAULT = CadencePolicy()

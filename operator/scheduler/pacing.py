@@ -10,7 +10,7 @@ workers (kept nearly full of short work) and tail workers (kept free for long wo
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Literal
 
 from cadence.operator.scheduler.actions import Action, Evict, EvictReason, Place
@@ -32,10 +32,10 @@ def evict_longest_to_floor(
     eligible the worker stays below the floor until one is.
     """
     while worker.headroom < h_min:
-        victim = worker.longest_evictable(min_decode)
-        if victim is None:
+        index = worker.longest_evictable(min_decode)
+        if index is None:
             return
-        worker.remove(victim)
+        victim = worker.pop(index, min_decode)
         out.append(Evict(victim.id, worker.id, victim.context, EvictReason.FLOOR))
 
 
@@ -96,18 +96,11 @@ class _FitIndex:
         heapq.heapreplace(self._heap, (self._sign * worker.headroom, worker.id, worker))
 
 
-def _merged(streams: Sequence[Sequence[Candidate]]) -> Iterator[Candidate]:
-    if len(streams) == 1:
-        return iter(streams[0])
-    return heapq.merge(*streams, key=_key)
-
-
 def place_by_fit(
     workers_by_version: Mapping[int, Sequence[WorkingWorker]],
-    pending_by_version: Mapping[int, Sequence[PendingTrajectory]],
-    fresh: Sequence[FreshSample],
+    pending: Sequence[tuple[int, Sequence[PendingTrajectory]]],
+    fresh_by_batch: Mapping[int, Sequence[FreshSample]],
     *,
-    batch_size: int,
     h_min: int,
     delta: int,
     eta: int,
@@ -116,48 +109,49 @@ def place_by_fit(
 ) -> None:
     """Placement rule (pacing): shortest first, each onto the tightest feasible worker.
 
-    Candidates are the placeable trajectories of P_v and the fresh samples, in one
-    ascending order of context length (shorter work fits more workers, so placing it
-    first keeps the large gaps for long work). A pending trajectory may go only to workers
+    Candidates are the placeable trajectories of P_v (`pending`: runs of one version
+    each, ascending) and the fresh samples (`fresh_by_batch`, ascending within a batch), all in one
+    ascending order of context length: shorter work fits more workers, so placing it
+    first keeps the large gaps for long work. A pending trajectory may go only to workers
     of its own version; a fresh sample of batch u to any version >= u - eta, and it binds
     to the version of the worker that takes it. Among feasible workers the one with the
     smallest headroom after placement wins (tight fit). `fit="worst"` picks the largest
     instead; it exists only as the paper's ablation and is never the default.
+
+    The candidate streams are merged lazily, and a stream is dropped as soon as every
+    worker it could use is full, so a backed-up P_v costs nothing to skip.
     """
-    indexes = {v: _FitIndex(v, ws, fit) for v, ws in sorted(workers_by_version.items()) if ws}
-    if not indexes:
-        return
-    streams: list[Sequence[Candidate]] = [
-        [p for p in ps if p.placeable] for v, ps in pending_by_version.items() if v in indexes
-    ]
-    if fresh:
-        streams.append(fresh)
+    indexes = {v: _FitIndex(v, ws, fit) for v, ws in workers_by_version.items() if ws}
     newest_first = sorted(indexes.values(), key=lambda ix: -ix.version)
-    for item in _merged(streams):
-        if not any(indexes.values()):
-            return
-        context = _context(item)
-        if isinstance(item, PendingTrajectory):
-            index = indexes[item.version]
-            worker = index.best(context, h_min, delta)
-            if worker is None:
-                continue
-        else:
-            batch = item.group // batch_size
-            chosen: _FitIndex | None = None
-            for ix in newest_first:
-                if not may_start(batch, ix.version, eta):
-                    break
-                if ix.best(context, h_min, delta) is None:
-                    continue
-                if chosen is None or ix.key_of_best() < chosen.key_of_best():
-                    chosen = ix
-            if chosen is None:
-                continue
-            index = chosen
-            worker = index.best(context, h_min, delta)
-            assert worker is not None
-        assert worker.version is not None
+    # A stream is (candidates, the indexes its candidates may use, newest first).
+    streams: list[tuple[Sequence[Candidate], list[_FitIndex]]] = [
+        (ps, [indexes[v]]) for v, ps in pending if v in indexes and ps
+    ]
+    for batch, samples in fresh_by_batch.items():
+        allowed = [ix for ix in newest_first if may_start(batch, ix.version, eta)]
+        if allowed and samples:
+            streams.append((samples, allowed))
+    heap = [(_key(items[0]), n, 0) for n, (items, _) in enumerate(streams)]
+    heapq.heapify(heap)
+    while heap:
+        (context, _), n, i = heap[0]
+        items, allowed = streams[n]
+        chosen: _FitIndex | None = None
+        for ix in allowed:
+            if ix.best(context, h_min, delta) is not None and (
+                chosen is None or ix.key_of_best() < chosen.key_of_best()
+            ):
+                chosen = ix
+        if chosen is None:
+            heapq.heappop(heap)  # every worker this stream may use is full: drop it
+            continue
+        worker = chosen.best(context, h_min, delta)
+        assert worker is not None and worker.version is not None
+        item = items[i]
         worker.add(item.id, context)
         out.append(Place(item.id, worker.id, worker.version, context))
-        index.reposition_best()
+        chosen.reposition_best()
+        if i + 1 < len(items):
+            heapq.heapreplace(heap, (_key(items[i + 1]), n, i + 1))
+        else:
+            heapq.heappop(heap)

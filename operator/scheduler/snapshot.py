@@ -49,13 +49,23 @@ class WorkerView:
     residents: tuple[Resident, ...] = ()
     draining: bool = False
     used: int = field(init=False)
+    # Residents' contexts and tokens decoded since placement, shortest first: the
+    # concentration rule's "residents shorter than the incoming trajectory" reads these.
+    contexts_ascending: tuple[int, ...] = field(init=False, repr=False)
+    decoded_ascending: tuple[int, ...] = field(init=False, repr=False)
+    least_decoded: int = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.capacity <= 0:
             raise ConfigError(f"worker {self.id} has KV capacity {self.capacity}; it must be > 0")
         ordered = tuple(sorted(self.residents, key=_longest_first))
+        contexts = tuple(r.context for r in reversed(ordered))
         object.__setattr__(self, "residents", ordered)
-        object.__setattr__(self, "used", sum(r.context for r in ordered))
+        object.__setattr__(self, "used", sum(contexts))
+        object.__setattr__(self, "contexts_ascending", contexts)
+        decoded = tuple(r.decoded_since_placement for r in reversed(ordered))
+        object.__setattr__(self, "decoded_ascending", decoded)
+        object.__setattr__(self, "least_decoded", min(decoded, default=0))
 
     @property
     def headroom(self) -> int:
@@ -154,8 +164,8 @@ class Snapshot:
     """The pool at time `now`, plus the run's counters and knobs.
 
     `pending` is every P_v together (each item names its version); `fresh` is the pool of
-    admitted, unstarted samples. Derived indexes (`pending_by_version`, `fresh_sorted`)
-    are built once here.
+    admitted, unstarted samples. Derived indexes (pending by version, shortest first, all
+    and placeable only; fresh samples by batch, shortest first) are built once here.
     """
 
     now: float
@@ -167,7 +177,9 @@ class Snapshot:
     knobs: Knobs
     seed: int = 0
     pending_by_version: Mapping[int, tuple[PendingTrajectory, ...]] = field(init=False)
-    fresh_sorted: tuple[FreshSample, ...] = field(init=False)
+    placeable_by_version: Mapping[int, tuple[PendingTrajectory, ...]] = field(init=False)
+    placeable_contexts: Mapping[int, tuple[int, ...]] = field(init=False)
+    fresh_by_batch: Mapping[int, tuple[FreshSample, ...]] = field(init=False)
 
     def __post_init__(self) -> None:
         if self.newest_version < 0:
@@ -176,9 +188,14 @@ class Snapshot:
         for p in self.pending:
             grouped.setdefault(p.version, []).append(p)
         by_version = {v: tuple(sorted(ps, key=_shortest_first)) for v, ps in grouped.items()}
+        placeable = {v: tuple(p for p in ps if p.placeable) for v, ps in by_version.items()}
+        by_batch: dict[int, list[FreshSample]] = {}
+        for f in sorted(self.fresh, key=_shortest_first):
+            by_batch.setdefault(f.group // self.admission.batch_size, []).append(f)
         object.__setattr__(self, "pending_by_version", MappingProxyType(by_version))
-        object.__setattr__(self, "fresh_sorted", tuple(sorted(self.fresh, key=_shortest_first)))
-
-    def batch_of(self, sample: FreshSample) -> int:
-        """The training batch a fresh sample belongs to."""
-        return sample.group // self.admission.batch_size
+        object.__setattr__(self, "placeable_by_version", MappingProxyType(placeable))
+        contexts = {v: tuple(p.context for p in ps) for v, ps in placeable.items()}
+        object.__setattr__(self, "placeable_contexts", MappingProxyType(contexts))
+        object.__setattr__(
+            self, "fresh_by_batch", MappingProxyType({b: tuple(fs) for b, fs in by_batch.items()})
+        )

@@ -8,20 +8,21 @@ worker's resident list is copied only when the cycle first changes it.
 
 from __future__ import annotations
 
-from bisect import insort
+from bisect import bisect_left
 
 from cadence.operator.scheduler.snapshot import Resident, WorkerView
 
 
-def _longest_first(r: Resident) -> tuple[int, str]:
-    return (-r.context, r.id)
-
-
 class WorkingWorker:
-    """One worker during a cycle: headroom, residents (longest first) and its role."""
+    """One worker during a cycle: headroom, residents and its role.
+
+    `residents` holds the snapshot's residents longest first, then this cycle's
+    placements in the order they were made.
+    """
 
     __slots__ = (
         "_owned",
+        "_popped",
         "accepting",
         "affinity",
         "capacity",
@@ -42,6 +43,7 @@ class WorkingWorker:
         self.used = view.used
         self.residents: list[Resident] | tuple[Resident, ...] = view.residents
         self._owned = False
+        self._popped: list[int] = []  # contexts of evictable residents popped this cycle
         self.source = False
         # Accepting: may receive placements this cycle (not draining, not advancing,
         # not a concentration source, holds weights).
@@ -62,24 +64,53 @@ class WorkingWorker:
         assert isinstance(self.residents, list)
         return self.residents
 
-    def longest_evictable(self, min_decode: int) -> Resident | None:
-        """The longest resident that has decoded the anti-thrash minimum since placement."""
-        for r in self.residents:
+    def longest_evictable(self, min_decode: int) -> int | None:
+        """Index of the longest resident past the anti-thrash minimum since placement."""
+        for i, r in enumerate(self.residents):
             if r.decoded_since_placement >= min_decode:
-                return r
+                return i
         return None
 
-    def shortest_evictable(self, min_decode: int) -> Resident | None:
-        """The shortest resident that has decoded the anti-thrash minimum since placement."""
-        for r in reversed(self.residents):
-            if r.decoded_since_placement >= min_decode:
-                return r
+    def shortest_evictable(self, min_decode: int) -> int | None:
+        """Index of the shortest resident past the anti-thrash minimum since placement."""
+        residents = self.residents
+        for i in range(len(residents) - 1, -1, -1):
+            if residents[i].decoded_since_placement >= min_decode:
+                return i
         return None
 
-    def remove(self, resident: Resident) -> None:
-        self._own().remove(resident)
+    def evictable_below(self, context: int, min_decode: int) -> list[int]:
+        """Contexts (ascending) of the residents shorter than `context` that are past the
+        anti-thrash minimum: the ones the concentration rule may displace for it.
+
+        Read from the snapshot's arrays, less what this cycle has popped; a resident
+        `add`ed this cycle has decoded nothing, so it never qualifies.
+        """
+        view = self.view
+        k = bisect_left(view.contexts_ascending, context)
+        if view.least_decoded >= min_decode:
+            shorter = list(view.contexts_ascending[:k])
+        else:
+            pairs = zip(view.contexts_ascending[:k], view.decoded_ascending[:k], strict=True)
+            shorter = [c for c, d in pairs if d >= min_decode]
+        for c in self._popped:
+            if c < context:
+                del shorter[bisect_left(shorter, c)]
+        return shorter
+
+    def freeable_below(self, context: int, min_decode: int) -> int:
+        """KV freed by evicting every evictable resident shorter than `context`."""
+        return sum(self.evictable_below(context, min_decode))
+
+    def pop(self, index: int, min_decode: int) -> Resident:
+        resident = self._own().pop(index)
         self.used -= resident.context
+        if resident.decoded_since_placement >= min_decode:
+            self._popped.append(resident.context)
+        return resident
 
     def add(self, trajectory: str, context: int) -> None:
-        insort(self._own(), Resident(trajectory, context, 0), key=_longest_first)
+        """Place a trajectory here. It goes last: it is inside the anti-thrash window for
+        the rest of the cycle, so no rule looks for it by length."""
+        self._own().append(Resident(trajectory, context, 0))
         self.used += context
