@@ -1,0 +1,1 @@
+"""Benchmarks that print JSON; installed as `cadence.bench` so `cadence bench` runs them."""

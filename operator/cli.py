@@ -1,2 +1,163 @@
-def main() -> None:
-    print("hi")
+"""The `cadence` command line.
+
+Every subcommand reports bad input the same way: one sentence on stderr and exit status
+2, never a traceback. Subcommands that later issues add (sim, run, operator) hang off
+the same parser.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import NoReturn
+
+from pydantic import ValidationError
+
+from cadence.bench.scheduler import main as bench_main
+from cadence.operator.scheduler import ConfigError, plan
+from cadence.operator.scheduler.wire import SnapshotModel, StateModel, actions_to_json
+
+PROG = "cadence"
+
+
+class UsageError(Exception):
+    """Bad input from the user: the message is the one sentence they will read."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{message} (see '{self.prog} --help')")
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a number of at least 1, got {value}")
+    return value
+
+
+def _non_negative(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a number of at least 0, got {value}")
+    return value
+
+
+def _read_json(path: Path, what: str) -> object:
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise UsageError(f"cannot read {what} {path}: {e.strerror or e}") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise UsageError(f"{what} {path} is not JSON: {e.msg} at line {e.lineno}") from None
+
+
+def _validation_sentence(what: str, path: Path, error: ValidationError) -> str:
+    first = error.errors()[0]
+    where = ".".join(str(part) for part in first["loc"]) or "(top level)"
+    more = error.error_count() - 1
+    tail = f" (and {more} more)" if more else ""
+    return f"{what} {path} is invalid at {where}: {first['msg']}{tail}"
+
+
+def _cmd_plan(args: argparse.Namespace) -> int:
+    raw = _read_json(args.snapshot, "snapshot")
+    try:
+        snapshot = SnapshotModel.model_validate(raw).to_snapshot()
+    except ValidationError as e:
+        raise UsageError(_validation_sentence("snapshot", args.snapshot, e)) from None
+    state = StateModel()
+    if args.state is not None:
+        try:
+            state = StateModel.model_validate(_read_json(args.state, "state"))
+        except ValidationError as e:
+            raise UsageError(_validation_sentence("state", args.state, e)) from None
+    actions, new_state = plan(snapshot, state.to_state())
+    print(
+        json.dumps(
+            {"actions": actions_to_json(actions), "state": StateModel.of(new_state).model_dump()},
+            indent=2 if args.pretty else None,
+        )
+    )
+    return 0
+
+
+def _cmd_bench_scheduler(args: argparse.Namespace) -> int:
+    bench_main(
+        args.workers,
+        args.trajectories,
+        args.pending,
+        cycles=args.cycles,
+        phase=args.phase,
+        warmup=args.warmup,
+    )
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog=PROG,
+        description="Cadence: pacing and concentration scheduling for RL rollout pools.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub.required = True
+
+    p = sub.add_parser(
+        "plan",
+        help="plan one control cycle from a snapshot JSON file and print the actions",
+        description="Plan one control cycle with the Cadence policy from a snapshot JSON "
+        "file and print the actions and the policy's new state as JSON.",
+    )
+    p.add_argument("snapshot", type=Path, help="snapshot JSON file")
+    p.add_argument("--state", type=Path, help="policy state JSON from the previous cycle")
+    p.add_argument("--pretty", action="store_true", help="indent the JSON output")
+    p.set_defaults(run=_cmd_plan)
+
+    bench = sub.add_parser("bench", help="run a benchmark (prints JSON)")
+    benches = bench.add_subparsers(dest="bench", metavar="BENCH", parser_class=_Parser)
+    benches.required = True
+    b = benches.add_parser(
+        "scheduler",
+        help="time planning cycles at pool scale",
+        description="Time Cadence planning cycles on synthetic pools. Prints one JSON "
+        "object per phase, then a summary object on the last line.",
+    )
+    b.add_argument("--workers", type=_positive, default=1024)
+    b.add_argument("--trajectories", type=_positive, default=65536, help="residents in all")
+    b.add_argument("--pending", type=_positive, default=8192)
+    b.add_argument("--cycles", type=_positive, default=60, help="timed cycles per phase")
+    b.add_argument("--warmup", type=_non_negative, default=5, help="untimed cycles first")
+    b.add_argument("--phase", choices=["pacing", "concentration", "both"], default="both")
+    b.set_defaults(run=_cmd_bench_scheduler)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+        code: int = args.run(args)
+    except UsageError as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 2
+    except ConfigError as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return code
+
+
+def entry() -> None:
+    sys.exit(main())

@@ -1,0 +1,4 @@
+"""Data plane: the rollout worker service and its engines (vLLM, emulated).
+
+Installed as `cadence.worker`. Empty until the worker service is built.
+"""

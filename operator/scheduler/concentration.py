@@ -91,7 +91,7 @@ class TargetIndex:
         if hi <= 0:
             return -1
         w = self._classes[k][0][2]
-        budget = w.headroom - self.h_min
+        budget = w.capacity - w.used - self.h_min
         cmax = contexts[hi - 1]
         if cmax <= budget:
             return hi - 1  # the longest left fits without displacing anyone

@@ -9,6 +9,7 @@ worker's resident list is copied only when the cycle first changes it.
 from __future__ import annotations
 
 from bisect import bisect_left
+from collections.abc import Sequence
 
 from cadence.operator.scheduler.snapshot import Resident, WorkerView
 
@@ -79,7 +80,7 @@ class WorkingWorker:
                 return i
         return None
 
-    def evictable_below(self, context: int, min_decode: int) -> list[int]:
+    def evictable_below(self, context: int, min_decode: int) -> Sequence[int]:
         """Contexts (ascending) of the residents shorter than `context` that are past the
         anti-thrash minimum: the ones the concentration rule may displace for it.
 
@@ -88,14 +89,18 @@ class WorkingWorker:
         """
         view = self.view
         k = bisect_left(view.contexts_ascending, context)
+        shorter: Sequence[int]
         if view.least_decoded >= min_decode:
-            shorter = list(view.contexts_ascending[:k])
+            shorter = view.contexts_ascending[:k]
         else:
             pairs = zip(view.contexts_ascending[:k], view.decoded_ascending[:k], strict=True)
             shorter = [c for c, d in pairs if d >= min_decode]
-        for c in self._popped:
-            if c < context:
-                del shorter[bisect_left(shorter, c)]
+        popped = [c for c in self._popped if c < context]
+        if popped:
+            remaining = list(shorter)
+            for c in popped:
+                del remaining[bisect_left(remaining, c)]
+            return remaining
         return shorter
 
     def freeable_below(self, context: int, min_decode: int) -> int:

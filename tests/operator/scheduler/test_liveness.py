@@ -107,3 +107,32 @@ def test_random_runs_finish_with_bounded_moves(
     # since its last placement, so it cannot move more than length / min_decode times.
     longest = max(t.length for t in world.trajectories.values())
     assert world.max_moves <= longest // min_decode
+
+
+def test_moves_per_trajectory_over_seeded_pools() -> None:
+    """Seeded heterogeneous pools under pressure: report the most any trajectory moved
+    (run with -s to see it) and hold it to the anti-thrash bound."""
+    worst = (0, 0)  # (moves, bound)
+    for seed in range(12):
+        min_decode = 8 + 4 * (seed % 4)
+        cfg = ToyConfig(
+            workers=[
+                ToyWorker("fast", 900, affinity=2, speed=2),
+                ToyWorker("mid", 900, affinity=1),
+                ToyWorker("slow", 900, affinity=0),
+            ],
+            batch_size=3,
+            samples=6,
+            iterations=4,
+            knobs=Knobs(h_min=60, delta=10, eta=seed % 4, min_decode=min_decode),
+            median_length=90,
+            max_length=700,
+            tool_call_rate=0.05 * (seed % 3),
+            seed=seed,
+        )
+        world = _finish(cfg)
+        _assert_ended_once(world)
+        bound = max(t.length for t in world.trajectories.values()) // min_decode
+        assert world.max_moves <= bound
+        worst = max(worst, (world.max_moves, bound))
+    print(f"most moves of any trajectory: {worst[0]} (bound {worst[1]})")

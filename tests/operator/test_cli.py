@@ -1,0 +1,89 @@
+"""The command line: subcommands listed, bad input refused with one sentence and exit 2."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from cadence.operator.cli import main
+
+FIGURE8 = Path(__file__).parents[2] / "bench" / "snapshots" / "figure8.json"
+
+
+def _run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    code = main(argv)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_help_lists_the_subcommands() -> None:
+    exe = shutil.which("cadence")
+    assert exe is not None, "the console script is not installed"
+    done = subprocess.run([exe, "--help"], capture_output=True, text=True, check=True)
+    assert "plan" in done.stdout
+    assert "bench" in done.stdout
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        [],
+        ["frobnicate"],
+        ["bench", "scheduler", "--workers", "0"],
+        ["bench", "scheduler", "--pending", "many"],
+        ["plan"],
+        ["plan", "does-not-exist.json"],
+    ],
+)
+def test_bad_input_is_one_sentence_and_exit_2(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = _run(argv, capsys)
+    assert code == 2
+    assert out == ""
+    assert err.startswith("cadence: error: ")
+    assert err.count("\n") == 1
+    assert "Traceback" not in err
+
+
+def test_invalid_snapshot_names_the_field(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    snap = json.loads(FIGURE8.read_text())
+    snap["workers"][1]["capacity"] = -5
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(snap))
+    code, _, err = _run(["plan", str(bad)], capsys)
+    assert code == 2
+    assert "workers.1.capacity" in err
+    bad.write_text("{not json")
+    code, _, err = _run(["plan", str(bad)], capsys)
+    assert code == 2
+    assert "is not JSON" in err
+
+
+def test_snapshot_refused_by_the_scheduler_is_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    snap = json.loads(FIGURE8.read_text())
+    snap["admission"]["groups_admitted"] = 99  # more than the total of 4
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(snap))
+    code, _, err = _run(["plan", str(bad)], capsys)
+    assert code == 2
+    assert "exceeds the total" in err
+
+
+def test_plan_replays_figure_8(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = _run(["plan", str(FIGURE8)], capsys)
+    assert code == 0
+    result = json.loads(out)
+    places = {a["trajectory"]: a["worker"] for a in result["actions"] if a["action"] == "place"}
+    evicts = [a["trajectory"] for a in result["actions"] if a["action"] == "evict"]
+    assert places == {"t7": "w1", "t2": "w2"}
+    assert evicts == ["t1"]
+    assert result["state"] == {"sources": {}}
