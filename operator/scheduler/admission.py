@@ -43,8 +43,8 @@ class ShortEnd:
         adm = snapshot.admission
         self._eta = snapshot.knobs.eta
         earliest: int | None = None
-        if snapshot.fresh:
-            earliest = min(f.group for f in snapshot.fresh) // adm.batch_size
+        if snapshot.fresh_by_batch:
+            earliest = min(snapshot.fresh_by_batch)
         if groups_to_admit(snapshot) > 0:
             next_batch = adm.groups_admitted // adm.batch_size
             earliest = next_batch if earliest is None else min(earliest, next_batch)

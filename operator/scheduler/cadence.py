@@ -104,12 +104,16 @@ class CadencePolicy:
 
         by_id = {w.id: w for w in workers}
         first = len(actions)
+        h_min = knobs.h_min
         for version, members in by_version.items():
+            targets_here = version in concentrating
             for w in members:
-                if version in concentrating and not w.source:
-                    evict_shortest_to_floor(w, knobs.h_min, knobs.min_decode, actions)
+                if w.capacity - w.used >= h_min:
+                    continue
+                if targets_here and not w.source:
+                    evict_shortest_to_floor(w, h_min, knobs.min_decode, actions)
                 else:
-                    evict_longest_to_floor(w, knobs.h_min, knobs.min_decode, actions)
+                    evict_longest_to_floor(w, h_min, knobs.min_decode, actions)
         departed: dict[int, list[PendingTrajectory]] = {}
         for e in actions[first:]:
             assert isinstance(e, Evict)

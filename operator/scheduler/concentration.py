@@ -184,10 +184,18 @@ def concentrate(
     his = [len(items) for items, _ in streams]
 
     def best_for(k: int) -> _Pick | None:
+        """The longest remaining candidate class k's top can take, over all streams.
+
+        Streams are searched from the one whose longest remaining candidate is longest; a
+        stream whose longest cannot beat the pick so far is not searched at all.
+        """
+        order = [n for n in range(len(streams)) if his[n]]
+        order.sort(key=lambda n: streams[n][1][his[n] - 1], reverse=True)
         best: _Pick | None = None
-        for n, (items, contexts) in enumerate(streams):
-            if not his[n]:
-                continue
+        for n in order:
+            items, contexts = streams[n]
+            if best is not None and contexts[his[n] - 1] < best[0][0]:
+                break
             j = index.next_fit(k, contexts, his[n])
             if j >= 0 and (best is None or (contexts[j], items[j].id) > best[0]):
                 best = ((contexts[j], items[j].id), n, j)

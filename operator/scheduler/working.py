@@ -22,6 +22,7 @@ class WorkingWorker:
     """
 
     __slots__ = (
+        "_below",
         "_owned",
         "_popped",
         "accepting",
@@ -45,6 +46,7 @@ class WorkingWorker:
         self.residents: list[Resident] | tuple[Resident, ...] = view.residents
         self._owned = False
         self._popped: list[int] = []  # contexts of evictable residents popped this cycle
+        self._below: tuple[int, int, Sequence[int]] | None = None
         self.source = False
         # Accepting: may receive placements this cycle (not draining, not advancing,
         # not a concentration source, holds weights).
@@ -87,21 +89,27 @@ class WorkingWorker:
         Read from the snapshot's arrays, less what this cycle has popped; a resident
         `add`ed this cycle has decoded nothing, so it never qualifies.
         """
+        cached = self._below
+        if cached is not None and context <= cached[0] and cached[1] == len(self._popped):
+            shorter = cached[2]
+            return shorter[: bisect_left(shorter, context)]
         view = self.view
         k = bisect_left(view.contexts_ascending, context)
-        shorter: Sequence[int]
+        found: Sequence[int]
         if view.least_decoded >= min_decode:
-            shorter = view.contexts_ascending[:k]
+            found = view.contexts_ascending[:k]
         else:
             pairs = zip(view.contexts_ascending[:k], view.decoded_ascending[:k], strict=True)
-            shorter = [c for c, d in pairs if d >= min_decode]
+            found = [c for c, d in pairs if d >= min_decode]
         popped = [c for c in self._popped if c < context]
         if popped:
-            remaining = list(shorter)
+            remaining = list(found)
             for c in popped:
                 del remaining[bisect_left(remaining, c)]
-            return remaining
-        return shorter
+            found = remaining
+        # Callers ask for ever shorter bounds as they walk P_v down: keep the widest.
+        self._below = (context, len(self._popped), found)
+        return found
 
     def freeable_below(self, context: int, min_decode: int) -> int:
         """KV freed by evicting every evictable resident shorter than `context`."""
