@@ -31,7 +31,7 @@ from cadence.operator.scheduler.concentration import (
     select_source,
 )
 from cadence.operator.scheduler.pacing import Fit, evict_longest_to_floor, place_by_fit
-from cadence.operator.scheduler.snapshot import PendingTrajectory, Snapshot
+from cadence.operator.scheduler.snapshot import Knobs, PendingTrajectory, Snapshot
 from cadence.operator.scheduler.state import CadenceState
 from cadence.operator.scheduler.versions import advance_target, may_leave
 from cadence.operator.scheduler.working import WorkingWorker
@@ -55,29 +55,7 @@ class CadencePolicy:
             actions.append(Admit(admit))
 
         workers = [WorkingWorker(view) for view in snapshot.workers]
-        unfinished = {w.version for w in workers if w.count and w.version is not None}
-        unfinished.update(snapshot.pending_by_version)
-        was_source = {
-            w.id
-            for w in workers
-            if w.accepting and w.version is not None and state.sources.get(w.version) == w.id
-        }
-        hosts: dict[int, int] = {}
-        for w in workers:
-            if w.accepting and w.id not in was_source:
-                assert w.version is not None
-                hosts[w.version] = hosts.get(w.version, 0) + 1
-        waiting = {v for v, ps in snapshot.placeable_by_version.items() if ps}
-        actions.extend(
-            _advance_empty(
-                workers,
-                newest=snapshot.newest_version,
-                unfinished=unfinished,
-                hosts=hosts,
-                sources=was_source,
-                waiting=waiting,
-            )
-        )
+        actions.extend(_advance_empty(snapshot, state, workers))
 
         by_version: dict[int, list[WorkingWorker]] = {}
         for w in workers:
@@ -85,43 +63,10 @@ class CadencePolicy:
                 assert w.version is not None
                 by_version.setdefault(w.version, []).append(w)
 
-        short_end = ShortEnd(snapshot)
-        sources: dict[int, str] = {}
-        concentrating: dict[int, WorkingWorker | None] = {}
-        for version, members in sorted(by_version.items()):
-            kept = state.sources.get(version)
-            if version >= snapshot.newest_version or not short_end.exhausted(version):
-                continue
-            if kept is None and not (
-                knobs.concentrate_without_fresh
-                or short_end.newer_has_fresh(version, snapshot.newest_version)
-            ):
-                continue
-            source = _keep_or_select_source(members, kept)
-            concentrating[version] = source
-            if source is not None:
-                sources[version] = source.id
+        concentrating = _choose_phases(snapshot, state, by_version)
+        sources = {v: src.id for v, src in concentrating.items() if src is not None}
 
-        by_id = {w.id: w for w in workers}
-        first = len(actions)
-        h_min = knobs.h_min
-        for version, members in by_version.items():
-            targets_here = version in concentrating
-            for w in members:
-                if w.capacity - w.used >= h_min:
-                    continue
-                if targets_here and not w.source:
-                    evict_shortest_to_floor(w, h_min, knobs.min_decode, actions)
-                else:
-                    evict_longest_to_floor(w, h_min, knobs.min_decode, actions)
-        departed: dict[int, list[PendingTrajectory]] = {}
-        for e in actions[first:]:
-            assert isinstance(e, Evict)
-            served = by_id[e.worker].version
-            assert served is not None
-            departed.setdefault(served, []).append(
-                PendingTrajectory(e.trajectory, served, e.context, snapshot.now)
-            )
+        departed = _restore_floors(by_version, concentrating, knobs, snapshot.now, actions)
 
         def streams(v: int) -> list[Stream]:
             """P_v's placeable trajectories as observed, and this cycle's departures."""
@@ -142,11 +87,7 @@ class CadencePolicy:
                 min_decode=knobs.min_decode,
                 out=actions,
             )
-        pacing_workers = {
-            v: [w for w in ws if not w.source]
-            for v, ws in by_version.items()
-            if v not in concentrating
-        }
+        pacing_workers = {v: ws for v, ws in by_version.items() if v not in concentrating}
         place_by_fit(
             pacing_workers,
             [(v, items) for v in pacing_workers for items, _ in streams(v)],
@@ -160,27 +101,88 @@ class CadencePolicy:
         return actions, CadenceState.of(sources)
 
 
+def _choose_phases(
+    snapshot: Snapshot, state: CadenceState, by_version: dict[int, list[WorkingWorker]]
+) -> dict[int, WorkingWorker | None]:
+    """Phase rule: the versions in concentration, each with its source (None if it has no
+    second worker to drain onto). Every other version is pacing.
+
+    A version concentrates once its short end is exhausted and a newer version has fresh
+    work for the emptied source to start (or the experiment knob says not to wait for
+    that); a version already concentrating keeps going while its short end stays
+    exhausted, so a source is not abandoned half-emptied.
+    """
+    short_end = ShortEnd(snapshot)
+    newest = snapshot.newest_version
+    concentrating: dict[int, WorkingWorker | None] = {}
+    for version, members in sorted(by_version.items()):
+        if version >= newest or not short_end.exhausted(version):
+            continue
+        kept = state.sources.get(version)
+        if kept is None and not (
+            snapshot.knobs.concentrate_without_fresh or short_end.newer_has_fresh(version, newest)
+        ):
+            continue
+        concentrating[version] = _keep_or_select_source(members, kept)
+    return concentrating
+
+
+def _restore_floors(
+    by_version: dict[int, list[WorkingWorker]],
+    concentrating: dict[int, WorkingWorker | None],
+    knobs: Knobs,
+    now: float,
+    out: list[Action],
+) -> dict[int, list[PendingTrajectory]]:
+    """Floor rule on every worker below h_min (concentration targets shed their shortest
+    residents, everyone else the longest); returns the departures by version, pending
+    from this moment."""
+    departed: dict[int, list[PendingTrajectory]] = {}
+    for version, members in by_version.items():
+        targets_here = version in concentrating
+        for w in members:
+            if w.capacity - w.used >= knobs.h_min:
+                continue
+            first = len(out)
+            if targets_here and not w.source:
+                evict_shortest_to_floor(w, knobs.h_min, knobs.min_decode, out)
+            else:
+                evict_longest_to_floor(w, knobs.h_min, knobs.min_decode, out)
+            for e in out[first:]:
+                assert isinstance(e, Evict)
+                departed.setdefault(version, []).append(
+                    PendingTrajectory(e.trajectory, version, e.context, now)
+                )
+    return departed
+
+
 def _advance_empty(
-    workers: Sequence[WorkingWorker],
-    *,
-    newest: int,
-    unfinished: set[int],
-    hosts: dict[int, int],
-    sources: set[str],
-    waiting: set[int],
+    snapshot: Snapshot, state: CadenceState, workers: Sequence[WorkingWorker]
 ) -> list[Advance]:
     """Advance every empty worker the rules allow; an advancing worker takes no work now.
 
     An empty worker (not a source) whose version has placeable pending work stays to take
     it: nothing else but a worker of that version ever can, and leaving would only make
-    that work wait. Workers are taken in snapshot order and each move updates `hosts`, so
-    two empty workers never both leave a version's last host behind.
+    that work wait. Workers are taken in snapshot order and each move updates the host
+    counts, so two empty workers never both leave a version's last host behind.
     """
+    unfinished = {w.version for w in workers if w.count and w.version is not None}
+    unfinished.update(snapshot.pending_by_version)
+    waiting = {v for v, ps in snapshot.placeable_by_version.items() if ps}
+    sources = {
+        w.id
+        for w in workers
+        if w.accepting and w.version is not None and state.sources.get(w.version) == w.id
+    }
+    hosts: dict[int, int] = {}
+    for w in workers:
+        if w.accepting and w.version is not None and w.id not in sources:
+            hosts[w.version] = hosts.get(w.version, 0) + 1
     advances: list[Advance] = []
     for w in workers:
         if w.count or w.view.draining:
             continue
-        target = advance_target(w.version, newest, unfinished, hosts)
+        target = advance_target(w.version, snapshot.newest_version, unfinished, hosts)
         if w.version is not None and target <= w.version:
             continue
         is_source = w.id in sources
