@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NoReturn
 
@@ -32,24 +32,21 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(f"{message} (see '{self.prog} --help')")
 
 
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a number of at least 1, got {value}")
-    return value
+def _at_least(minimum: int) -> Callable[[str], int]:
+    """An argparse type: a whole number no smaller than `minimum`."""
 
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(
+                f"expected a number of at least {minimum}, got {value}"
+            )
+        return value
 
-def _non_negative(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a number of at least 0, got {value}")
-    return value
+    return parse
 
 
 def _read_json(path: Path, what: str) -> object:
@@ -133,11 +130,11 @@ def build_parser() -> argparse.ArgumentParser:
         description="Time Cadence planning cycles on synthetic pools. Prints one JSON "
         "object per phase, then a summary object on the last line.",
     )
-    b.add_argument("--workers", type=_positive, default=1024)
-    b.add_argument("--trajectories", type=_positive, default=65536, help="residents in all")
-    b.add_argument("--pending", type=_positive, default=8192)
-    b.add_argument("--cycles", type=_positive, default=60, help="timed cycles per phase")
-    b.add_argument("--warmup", type=_non_negative, default=5, help="untimed cycles first")
+    b.add_argument("--workers", type=_at_least(1), default=1024)
+    b.add_argument("--trajectories", type=_at_least(1), default=65536, help="residents in all")
+    b.add_argument("--pending", type=_at_least(1), default=8192)
+    b.add_argument("--cycles", type=_at_least(1), default=60, help="timed cycles per phase")
+    b.add_argument("--warmup", type=_at_least(0), default=5, help="untimed cycles first")
     b.add_argument("--phase", choices=["pacing", "concentration", "both"], default="both")
     b.set_defaults(run=_cmd_bench_scheduler)
     return parser
