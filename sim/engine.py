@@ -1,0 +1,225 @@
+"""The engine inside each simulated worker, modelled on vLLM's own scheduler.
+
+Every policy's workers run this same engine, so a comparison measures the policies, not
+their engines. It keeps what vLLM does that changes the outcome: a maximum batch, new
+arrivals prefilled before they decode (a prefill occupies the worker's steps), and,
+when the KV cache runs out mid-decode, preemption of the newest running request by
+recompute (its KV is dropped and it is prefilled again when room returns).
+
+Macro-stepping: the engine never walks token by token. With n requests running and C
+tokens of KV, step j takes overhead + max(compute, (weights + kv_bytes x (C + n j)) / bw),
+an arithmetic series, so the time of k steps has a closed form, and the engine jumps
+straight to the next event: a request stopping (done, or a tool call), the KV filling
+up, or the time it was asked to run until.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import deque
+from dataclasses import dataclass, field
+
+from cadence.sim.physics import Deployment
+
+
+@dataclass(slots=True)
+class Request:
+    """A trajectory as an engine sees it.
+
+    `context` is its KV in tokens when running (prompt + generated + observations);
+    `to_go` is how many tokens it decodes before it next stops (its end or a tool call).
+    """
+
+    id: str
+    context: int
+    to_go: int
+    ready_at: float = 0.0  # a KV transfer in flight: not admissible before this time
+    load_s: float = 0.0  # worker time to admit it: a prefill, or 0 after a transfer
+
+
+@dataclass(slots=True)
+class _Running:
+    request: Request
+    anchor_step: int  # engine step at which `anchor_context` was true
+    anchor_context: int
+    admitted_order: int
+
+
+@dataclass(frozen=True, slots=True)
+class Stop:
+    """A request that stopped decoding at `time`: finished its run of `to_go` tokens."""
+
+    request: Request
+    time: float
+
+
+@dataclass
+class Engine:
+    deployment: Deployment
+    max_batch: int = 256
+    time: float = 0.0
+    steps: int = 0
+    decoded_tokens: int = 0
+    preemptions: int = 0
+    prefill_seconds: float = 0.0
+    _running: dict[str, _Running] = field(default_factory=dict)
+    _stops: list[tuple[int, int, str]] = field(default_factory=list)
+    _waiting: deque[Request] = field(default_factory=deque)
+    _anchor_sum: int = 0  # sum over running of (anchor_context - anchor_step)
+    _admitted: int = 0
+
+    # --- what the control plane observes -------------------------------------------
+
+    @property
+    def capacity(self) -> int:
+        return self.deployment.kv_capacity_tokens
+
+    def running_kv(self) -> int:
+        return self._anchor_sum + len(self._running) * self.steps
+
+    def context_of(self, rid: str) -> int:
+        r = self._running.get(rid)
+        if r is not None:
+            return r.anchor_context + self.steps - r.anchor_step
+        for w in self._waiting:
+            if w.id == rid:
+                return w.context
+        raise KeyError(rid)
+
+    def residents(self) -> list[tuple[str, int]]:
+        """(id, context) of everything assigned here, running or waiting to run."""
+        out = [
+            (rid, r.anchor_context + self.steps - r.anchor_step) for rid, r in self._running.items()
+        ]
+        out += [(w.id, w.context) for w in self._waiting]
+        return out
+
+    @property
+    def idle(self) -> bool:
+        return not self._running and not self._waiting
+
+    # --- what the control plane does -----------------------------------------------
+
+    def add(self, request: Request) -> None:
+        """A placement: the request queues, and is admitted (prefilled) when room allows."""
+        if request.to_go < 1:
+            raise ValueError(f"request {request.id} has nothing left to decode")
+        self._waiting.append(request)
+
+    def remove(self, rid: str) -> Request:
+        """An eviction: take the request out wherever it is, with its context current."""
+        r = self._running.pop(rid, None)
+        if r is not None:
+            request = self._materialise(r)
+            self._anchor_sum -= r.anchor_context - r.anchor_step
+            return request
+        for i, w in enumerate(self._waiting):
+            if w.id == rid:
+                del self._waiting[i]
+                return w
+        raise KeyError(rid)
+
+    # --- running ---------------------------------------------------------------------
+
+    def _materialise(self, r: _Running) -> Request:
+        done = self.steps - r.anchor_step
+        request = r.request
+        request.context = r.anchor_context + done
+        request.to_go -= done
+        return request
+
+    def _admit(self, until: float) -> None:
+        """Admit waiting requests, oldest first, while the batch and the KV allow."""
+        skipped: list[Request] = []
+        while self._waiting and len(self._running) < self.max_batch and self.time < until:
+            request = self._waiting.popleft()
+            if request.ready_at > self.time:
+                skipped.append(request)
+                continue
+            # Room for its KV and one step of growth for everyone running.
+            if self.running_kv() + request.context + len(self._running) + 1 > self.capacity:
+                self._waiting.appendleft(request)
+                break
+            self.time += request.load_s
+            self.prefill_seconds += request.load_s
+            request.load_s = 0.0
+            entry = _Running(request, self.steps, request.context, self._admitted)
+            self._admitted += 1
+            self._running[request.id] = entry
+            self._anchor_sum += request.context - self.steps
+            heapq.heappush(
+                self._stops, (self.steps + request.to_go, entry.admitted_order, request.id)
+            )
+        for request in reversed(skipped):
+            self._waiting.appendleft(request)
+
+    def _preempt_newest(self) -> None:
+        newest = max(self._running.values(), key=lambda r: r.admitted_order)
+        request = self.remove(newest.request.id)
+        request.load_s = self.deployment.prefill_s(request.context)  # recompute
+        self._waiting.appendleft(request)
+        self.preemptions += 1
+
+    def _time_of(self, k: int, n: int, kv: int) -> float:
+        """Seconds for k decode steps starting with n running and kv tokens of KV."""
+        d = self.deployment
+        eff = d.efficiency
+        bw = d.tp * d.accelerator.bandwidth.value * eff.bandwidth
+        b = d.model.kv_bytes_per_token
+        base = (d.model.weight_bytes + b * kv) / bw  # memory term of the first step
+        grow = b * n / bw  # added per step
+        compute = (
+            2.0 * d.model.active_params * n / (d.tp * d.accelerator.flops.value * eff.decode_mfu)
+        )
+        # Steps before the memory term overtakes the compute floor are compute-bound.
+        bound = 0 if base >= compute else min(k, math.ceil((compute - base) / grow) if grow else k)
+        memory_steps = k - bound
+        first = base + grow * bound
+        memory = memory_steps * first + grow * memory_steps * (memory_steps - 1) / 2.0
+        return k * eff.step_overhead_s + bound * compute + memory
+
+    def _steps_within(self, seconds: float, n: int, kv: int, cap: int) -> int:
+        """The most steps (<= cap) that fit in `seconds`, at least one."""
+        lo, hi = 1, max(1, cap)
+        if self._time_of(hi, n, kv) <= seconds:
+            return hi
+        while lo < hi:  # smallest k whose time reaches `seconds`
+            mid = (lo + hi) // 2
+            if self._time_of(mid, n, kv) >= seconds:
+                hi = mid
+            else:
+                lo = mid + 1
+        return lo
+
+    def run_until(self, until: float) -> list[Stop]:
+        """Decode until `until` (the engine's clock may pass it by under one step)."""
+        stops: list[Stop] = []
+        while self.time < until:
+            self._admit(until)
+            if self.time >= until:
+                break
+            if not self._running:
+                ready = [w.ready_at for w in self._waiting if w.ready_at > self.time]
+                self.time = min([until, *ready]) if ready else until
+                continue
+            n = len(self._running)
+            kv = self.running_kv()
+            while self._stops and self._stops[0][2] not in self._running:
+                heapq.heappop(self._stops)
+            to_stop = self._stops[0][0] - self.steps
+            to_full = (self.capacity - kv) // n
+            if to_full < 1:
+                self._preempt_newest()
+                continue
+            k = self._steps_within(until - self.time, n, kv, min(to_stop, to_full))
+            self.time += self._time_of(k, n, kv)
+            self.steps += k
+            self.decoded_tokens += k * n
+            while self._stops and self._stops[0][0] <= self.steps:
+                _, _, rid = heapq.heappop(self._stops)
+                entry = self._running.get(rid)
+                if entry is None or entry.anchor_step + entry.request.to_go != self.steps:
+                    continue
+                stops.append(Stop(self.remove(rid), self.time))
+        return stops
