@@ -1,0 +1,366 @@
+"""The simulator's event loop: a pool of modelled workers driven by a scheduling policy.
+
+Time advances in control periods. Each period the policy sees a snapshot built exactly as
+the runtime builds one (ids and lengths), its actions are applied (an eviction parks a
+trajectory, a placement costs a re-prefill or a KV transfer, an advance loads weights),
+then every worker's engine decodes until the period ends, trajectories that call a tool
+wait for their environment, and the trainer consumes each complete batch and publishes
+the next version. The run ends when exactly `iterations x B` groups have been consumed.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from cadence.operator.scheduler import (
+    Action,
+    Admission,
+    Admit,
+    Advance,
+    Evict,
+    FreshSample,
+    Knobs,
+    PendingTrajectory,
+    Place,
+    Policy,
+    Resident,
+    Snapshot,
+    WorkerView,
+)
+from cadence.sim.catalog import MODELS
+from cadence.sim.engine import Engine, Request
+from cadence.sim.physics import Deployment, deploy, transfer_s
+from cadence.sim.scenario import Scenario
+from cadence.sim.workload import LengthModel, MultiTurn, Sample, generate_group
+
+State = Literal["fresh", "pending", "env", "running", "done"]
+
+
+class StallError(RuntimeError):
+    """The run stopped making progress: a policy left work nowhere to go."""
+
+
+@dataclass
+class Trajectory:
+    sample: Sample
+    state: State = "fresh"
+    version: int | None = None
+    worker: str | None = None  # where it is resident
+    parked_on: str | None = None  # where its state waits after a departure
+    context: int = 0
+    generated: int = 0
+    observed: int = 0
+    calls_made: int = 0
+    placed_generated: int = 0
+    first_step: float | None = None
+    done_at: float | None = None
+    pending_since: float = 0.0
+    env_until: float = 0.0
+    moves: int = 0
+    evicted: bool = False  # its last departure was an eviction (its next placement a move)
+
+    def next_stop(self) -> int:
+        """Tokens to decode before it next stops: its next tool call, or its end."""
+        calls = self.sample.tool_calls
+        target = calls[self.calls_made] if self.calls_made < len(calls) else None
+        return (target if target is not None else self.sample.response_tokens) - self.generated
+
+
+@dataclass
+class Worker:
+    id: str
+    group: str
+    affinity: int
+    deployment: Deployment
+    price_per_hour: float
+    engine: Engine
+    version: int | None = None
+
+    @property
+    def accelerator(self) -> str:
+        return self.deployment.accelerator.name
+
+
+@dataclass
+class Result:
+    policy: str
+    throughput_tok_s: float
+    latency_p50_s: float
+    latency_p95_s: float
+    tokens_per_dollar: float
+    trajectories: int
+    migrations: int
+    migrated_bytes: float
+    preemptions: int
+    simulated_seconds: float
+    generated_tokens: int
+    extras: dict[str, Any] = field(default_factory=dict)
+
+
+def _percentile(values: Sequence[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+class Simulation:
+    def __init__(self, scenario: Scenario, policy: Policy[Any]) -> None:
+        self.scenario = scenario
+        self.policy = policy
+        self.state = policy.initial_state()
+        self.model = MODELS[scenario.model]
+        phys = scenario.physics
+        self.workers: dict[str, Worker] = {}
+        for group in scenario.groups:
+            acc = group.resolve()
+            d = deploy(
+                self.model,
+                acc,
+                phys.min_kv_tokens,
+                efficiency=phys.efficiency(),
+                memory_utilisation=phys.memory_utilisation,
+                reserve_bytes=phys.reserve_gb * 1e9,
+            )
+            price = (acc.price_per_hour.value if acc.price_per_hour else 0.0) * d.tp
+            for i in range(group.devices // d.tp):
+                wid = f"{group.name}-{i}"
+                self.workers[wid] = Worker(
+                    wid, group.name, group.affinity, d, price, Engine(d, phys.max_batch)
+                )
+        w = scenario.workload
+        s = scenario.scheduling
+        self.knobs = Knobs(h_min=s.h_min, delta=s.delta, eta=s.eta, min_decode=s.min_decode)
+        self.total_groups = w.iterations * w.prompts_per_batch
+        self.rng = random.Random(scenario.seed)
+        self.lengths = LengthModel(
+            w.median_response_tokens,
+            w.sigma_between_groups,
+            w.sigma_within_group,
+            scenario.max_model_len,
+        )
+        self.turns = MultiTurn(
+            w.multi_turn_share, w.max_tool_calls, w.env_latency_s, w.observation_tokens
+        )
+        self.trajectories: dict[str, Trajectory] = {}
+        self.admitted = 0
+        self.newest = 0
+        self.consumed = 0
+        self.done_per_batch: dict[int, int] = {}
+        self.training: float | None = None  # when the version being trained is published
+        self.now = 0.0
+        self.migrations = 0
+        self.migrated_bytes = 0.0
+
+    # --- observation -----------------------------------------------------------------
+
+    def snapshot(self) -> Snapshot:
+        views = []
+        for w in self.workers.values():
+            residents = []
+            for rid, ctx in w.engine.residents():
+                t = self.trajectories[rid]
+                generated = ctx - t.sample.prompt_tokens - t.observed
+                residents.append(Resident(rid, ctx, generated - t.placed_generated))
+            views.append(
+                WorkerView(
+                    w.id,
+                    w.accelerator,
+                    w.affinity,
+                    w.version,
+                    w.deployment.kv_capacity_tokens,
+                    tuple(residents),
+                )
+            )
+        pending, fresh = [], []
+        for t in self.trajectories.values():
+            if t.state in ("pending", "env"):
+                assert t.version is not None
+                pending.append(
+                    PendingTrajectory(
+                        t.sample.id, t.version, t.context, t.pending_since, t.state == "pending"
+                    )
+                )
+            elif t.state == "fresh":
+                fresh.append(FreshSample(t.sample.id, t.sample.group, t.sample.prompt_tokens))
+        return Snapshot(
+            now=self.now,
+            workers=tuple(views),
+            pending=tuple(pending),
+            fresh=tuple(fresh),
+            newest_version=self.newest,
+            admission=Admission(
+                self.admitted, self.scenario.workload.prompts_per_batch, self.total_groups
+            ),
+            knobs=self.knobs,
+            seed=self.scenario.seed,
+        )
+
+    # --- actions -----------------------------------------------------------------------
+
+    def apply(self, actions: Sequence[Action]) -> None:
+        for a in actions:
+            if isinstance(a, Admit):
+                self._admit(a.groups)
+            elif isinstance(a, Advance):
+                self._advance(a)
+            elif isinstance(a, Evict):
+                self._evict(a)
+            elif isinstance(a, Place):
+                self._place(a)
+
+    def _admit(self, groups: int) -> None:
+        w = self.scenario.workload
+        for _ in range(groups):
+            for sample in generate_group(
+                self.rng,
+                self.admitted,
+                w.samples_per_prompt,
+                prompt_tokens=w.prompt_tokens,
+                lengths=self.lengths,
+                multi_turn=self.turns,
+            ):
+                t = Trajectory(sample, context=sample.prompt_tokens)
+                self.trajectories[sample.id] = t
+            self.admitted += 1
+
+    def _advance(self, a: Advance) -> None:
+        w = self.workers[a.worker]
+        if not w.engine.idle or (w.version is not None and a.version <= w.version):
+            raise AssertionError(f"invalid advance of {w.id} to {a.version}")
+        w.version = a.version
+        load = self.model.weight_bytes / (self.scenario.physics.intra_cluster_gb_s * 1e9)
+        w.engine.time = max(w.engine.time, self.now) + load
+
+    def _evict(self, a: Evict) -> None:
+        t = self.trajectories[a.trajectory]
+        w = self.workers[a.worker]
+        request = w.engine.remove(a.trajectory)
+        t.context = request.context
+        t.generated = t.context - t.sample.prompt_tokens - t.observed
+        t.state, t.worker, t.parked_on, t.pending_since = "pending", None, w.id, self.now
+        t.moves += 1
+        t.evicted = True
+
+    def _place(self, a: Place) -> None:
+        t = self.trajectories[a.trajectory]
+        w = self.workers[a.worker]
+        if w.version != a.version:
+            raise AssertionError(f"{a.trajectory} placed on {w.id} of another version")
+        request = Request(t.sample.id, t.context, t.next_stop())
+        if t.state == "fresh":
+            t.version = w.version
+            t.first_step = self.now
+            request.load_s = w.deployment.prefill_s(t.context)
+        elif t.state == "pending":
+            if t.version != w.version:
+                raise AssertionError(f"{a.trajectory} of v{t.version} on v{w.version}")
+            source = self.workers.get(t.parked_on or "")
+            same_type = source is not None and source.accelerator == w.accelerator
+            if same_type and self.scenario.physics.kv_transfer and source is not w:
+                link = self.scenario.physics.intra_cluster_gb_s * 1e9
+                request.ready_at = self.now + transfer_s(t.context, self.model, link)
+                moved = t.context * self.model.kv_bytes_per_token
+            else:
+                request.load_s = w.deployment.prefill_s(t.context)
+                moved = 0
+            if t.evicted:  # a move the policy made (not a return from a tool call)
+                self.migrations += 1
+                self.migrated_bytes += moved
+                t.evicted = False
+        else:
+            raise AssertionError(f"{a.trajectory} placed while {t.state}")
+        t.state, t.worker, t.parked_on = "running", w.id, None
+        t.placed_generated = t.generated
+        w.engine.add(request)
+
+    # --- time --------------------------------------------------------------------------
+
+    def _decode_until(self, until: float) -> None:
+        for w in self.workers.values():
+            for stop in w.engine.run_until(until):
+                t = self.trajectories[stop.request.id]
+                t.context = stop.request.context
+                t.generated = t.context - t.sample.prompt_tokens - t.observed
+                t.worker = None
+                if t.generated >= t.sample.response_tokens:
+                    t.state, t.done_at = "done", stop.time
+                    batch = t.sample.group // self.scenario.workload.prompts_per_batch
+                    self.done_per_batch[batch] = self.done_per_batch.get(batch, 0) + 1
+                else:
+                    latency = t.sample.env_latencies_s[t.calls_made]
+                    t.calls_made += 1
+                    t.state, t.parked_on = "env", w.id
+                    t.pending_since, t.env_until = stop.time, stop.time + latency
+
+    def _environments(self, until: float) -> None:
+        for t in self.trajectories.values():
+            if t.state == "env" and t.env_until <= until:
+                t.observed += t.sample.observation_tokens
+                t.context += t.sample.observation_tokens
+                t.state = "pending"
+
+    def _train(self, now: float) -> None:
+        """Batch u is consumed once all of it is complete and version u is the newest;
+        version u + 1 is published after the update and the weights' distribution."""
+        w = self.scenario.workload
+        if self.training is not None:
+            if now < self.training:
+                return
+            self.newest += 1
+            self.training = None
+        u = self.newest
+        if self.consumed > u or u >= w.iterations:
+            return
+        if self.done_per_batch.get(u, 0) == w.prompts_per_batch * w.samples_per_prompt:
+            self.consumed += 1
+            send = self.model.weight_bytes / (self.scenario.trainer.weights_link_gb_s * 1e9)
+            self.training = now + self.scenario.trainer.update_seconds + send
+
+    @property
+    def finished(self) -> bool:
+        return self.consumed >= self.scenario.workload.iterations
+
+    def step(self) -> None:
+        """One control period: observe, plan, apply, then let time run to its end."""
+        actions, self.state = self.policy.plan(self.snapshot(), self.state)
+        self.apply(actions)
+        until = self.now + self.scenario.scheduling.control_period_s
+        self._decode_until(until)
+        self._environments(until)
+        self.now = until
+        self._train(self.now)
+
+    def run(self, max_seconds: float = 1e7) -> Result:
+        while not self.finished:
+            self.step()
+            if self.now > max_seconds:
+                raise StallError(
+                    f"no end after {max_seconds:.0f} simulated seconds: "
+                    f"{self.consumed} of {self.scenario.workload.iterations} batches consumed"
+                )
+        return self.result()
+
+    def result(self) -> Result:
+        done = [t for t in self.trajectories.values() if t.state == "done"]
+        latencies = [
+            t.done_at - t.first_step for t in done if t.done_at and t.first_step is not None
+        ]
+        tokens = sum(w.engine.decoded_tokens for w in self.workers.values())
+        hours = self.now / 3600.0
+        dollars = sum(w.price_per_hour for w in self.workers.values()) * hours
+        return Result(
+            policy=getattr(self.policy, "name", type(self.policy).__name__),
+            throughput_tok_s=tokens / self.now,
+            latency_p50_s=statistics.median(latencies),
+            latency_p95_s=_percentile(latencies, 0.95),
+            tokens_per_dollar=tokens / dollars if dollars else float("inf"),
+            trajectories=len(done),
+            migrations=self.migrations,
+            migrated_bytes=self.migrated_bytes,
+            preemptions=sum(w.engine.preemptions for w in self.workers.values()),
+            simulated_seconds=self.now,
+            generated_tokens=tokens,
+        )

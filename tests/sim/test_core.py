@@ -1,0 +1,54 @@
+"""Conservation on a small heterogeneous pool driven by the Cadence policy."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from cadence.operator.scheduler import CadencePolicy
+from cadence.sim.core import Simulation
+from cadence.sim.scenario import Scenario
+
+TINY = Path(__file__).parents[2] / "sim" / "scenarios" / "tiny-16A16B8H.yaml"
+
+
+@pytest.fixture(scope="module")
+def finished() -> Simulation:
+    sim = Simulation(Scenario.load(TINY), CadencePolicy())
+    while not sim.finished:
+        sim.step()
+        for w in sim.workers.values():
+            assert w.engine.running_kv() <= w.deployment.kv_capacity_tokens
+        assert sim.now < 1e5, "the run stalled"
+    return sim
+
+
+def test_every_trajectory_completes_exactly_once(finished: Simulation) -> None:
+    w = finished.scenario.workload
+    assert finished.admitted == w.iterations * w.prompts_per_batch
+    assert len(finished.trajectories) == finished.admitted * w.samples_per_prompt
+    assert all(t.state == "done" and t.done_at is not None for t in finished.trajectories.values())
+    assert finished.consumed == w.iterations
+
+
+def test_generated_tokens_equal_the_sum_of_lengths(finished: Simulation) -> None:
+    decoded = sum(w.engine.decoded_tokens for w in finished.workers.values())
+    assert decoded == sum(t.sample.response_tokens for t in finished.trajectories.values())
+
+
+def test_every_trajectory_was_generated_within_the_staleness_bound(
+    finished: Simulation,
+) -> None:
+    w = finished.scenario.workload
+    eta = finished.scenario.scheduling.eta
+    for t in finished.trajectories.values():
+        batch = t.sample.group // w.prompts_per_batch
+        assert t.version is not None and t.version >= batch - eta
+
+
+def test_result_reports_what_it_measured(finished: Simulation) -> None:
+    result = finished.result()
+    assert result.trajectories == len(finished.trajectories)
+    assert result.throughput_tok_s == pytest.approx(result.generated_tokens / finished.now)
+    assert 0 < result.latency_p50_s <= result.latency_p95_s
