@@ -30,6 +30,7 @@ from cadence.operator.scheduler import (
     Resident,
     Snapshot,
     WorkerView,
+    check_no_stranding,
 )
 from cadence.sim.catalog import MODELS
 from cadence.sim.engine import Engine, Request
@@ -119,7 +120,7 @@ class Simulation:
             d = deploy(
                 self.model,
                 acc,
-                phys.min_kv_tokens,
+                scenario.min_kv_tokens(),
                 efficiency=phys.efficiency(),
                 memory_utilisation=phys.memory_utilisation,
                 reserve_bytes=phys.reserve_gb * 1e9,
@@ -133,6 +134,8 @@ class Simulation:
         w = scenario.workload
         s = scenario.scheduling
         self.knobs = Knobs(h_min=s.h_min, delta=s.delta, eta=s.eta, min_decode=s.min_decode)
+        capacities = {wk.group: wk.deployment.kv_capacity_tokens for wk in self.workers.values()}
+        check_no_stranding(capacities, scenario.max_model_len, self.knobs)
         self.total_groups = w.iterations * w.prompts_per_batch
         self.rng = random.Random(scenario.seed)
         self.lengths = LengthModel(
@@ -145,6 +148,10 @@ class Simulation:
             w.multi_turn_share, w.max_tool_calls, w.env_latency_s, w.observation_tokens
         )
         self.trajectories: dict[str, Trajectory] = {}
+        # What the snapshot shows, kept as it changes rather than rebuilt each period.
+        self._fresh: dict[str, FreshSample] = {}
+        self._pending: dict[str, PendingTrajectory] = {}
+        self._in_env: dict[str, Trajectory] = {}
         self.admitted = 0
         self.newest = 0
         self.consumed = 0
@@ -174,22 +181,11 @@ class Simulation:
                     tuple(residents),
                 )
             )
-        pending, fresh = [], []
-        for t in self.trajectories.values():
-            if t.state in ("pending", "env"):
-                assert t.version is not None
-                pending.append(
-                    PendingTrajectory(
-                        t.sample.id, t.version, t.context, t.pending_since, t.state == "pending"
-                    )
-                )
-            elif t.state == "fresh":
-                fresh.append(FreshSample(t.sample.id, t.sample.group, t.sample.prompt_tokens))
         return Snapshot(
             now=self.now,
             workers=tuple(views),
-            pending=tuple(pending),
-            fresh=tuple(fresh),
+            pending=tuple(self._pending.values()),
+            fresh=tuple(self._fresh.values()),
             newest_version=self.newest,
             admission=Admission(
                 self.admitted, self.scenario.workload.prompts_per_batch, self.total_groups
@@ -224,6 +220,7 @@ class Simulation:
             ):
                 t = Trajectory(sample, context=sample.prompt_tokens)
                 self.trajectories[sample.id] = t
+                self._fresh[sample.id] = FreshSample(sample.id, sample.group, sample.prompt_tokens)
             self.admitted += 1
 
     def _advance(self, a: Advance) -> None:
@@ -243,6 +240,8 @@ class Simulation:
         t.state, t.worker, t.parked_on, t.pending_since = "pending", None, w.id, self.now
         t.moves += 1
         t.evicted = True
+        assert t.version is not None
+        self._pending[t.sample.id] = PendingTrajectory(t.sample.id, t.version, t.context, self.now)
 
     def _place(self, a: Place) -> None:
         t = self.trajectories[a.trajectory]
@@ -251,10 +250,12 @@ class Simulation:
             raise AssertionError(f"{a.trajectory} placed on {w.id} of another version")
         request = Request(t.sample.id, t.context, t.next_stop())
         if t.state == "fresh":
+            del self._fresh[t.sample.id]
             t.version = w.version
             t.first_step = self.now
             request.load_s = w.deployment.prefill_s(t.context)
         elif t.state == "pending":
+            del self._pending[t.sample.id]
             if t.version != w.version:
                 raise AssertionError(f"{a.trajectory} of v{t.version} on v{w.version}")
             source = self.workers.get(t.parked_on or "")
@@ -294,13 +295,21 @@ class Simulation:
                     t.calls_made += 1
                     t.state, t.parked_on = "env", w.id
                     t.pending_since, t.env_until = stop.time, stop.time + latency
+                    assert t.version is not None
+                    self._in_env[t.sample.id] = t
+                    self._pending[t.sample.id] = PendingTrajectory(
+                        t.sample.id, t.version, t.context, stop.time, placeable=False
+                    )
 
     def _environments(self, until: float) -> None:
-        for t in self.trajectories.values():
-            if t.state == "env" and t.env_until <= until:
+        for rid, t in list(self._in_env.items()):
+            if t.env_until <= until:
+                del self._in_env[rid]
                 t.observed += t.sample.observation_tokens
                 t.context += t.sample.observation_tokens
                 t.state = "pending"
+                assert t.version is not None
+                self._pending[rid] = PendingTrajectory(rid, t.version, t.context, t.pending_since)
 
     def _train(self, now: float) -> None:
         """Batch u is consumed once all of it is complete and version u is the newest;

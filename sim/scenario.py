@@ -87,7 +87,9 @@ class Physics(_Strict):
     step_overhead_s: float = Field(default=STEP_OVERHEAD_S.value, ge=0)
     memory_utilisation: float = Field(default=0.9, gt=0, le=1)
     reserve_gb: float = Field(default=2.0, ge=0)
-    min_kv_tokens: int = Field(default=16_384, ge=1)
+    # The KV a worker must hold; by default what no stranding needs:
+    # max_model_len + h_min + delta (DESIGN.md, "Headroom and thresholds").
+    min_kv_tokens: int | None = Field(default=None, ge=1)
     max_batch: int = Field(default=256, ge=1)
     # The paper's testbed: 8 x 200 Gbps RDMA in a cluster (one 200G NIC is 21.7 GB/s
     # measured, CATALOG.md), a 20 Gbps link across clusters.
@@ -152,6 +154,11 @@ class Scenario(_Strict):
         if self.workload.prompt_tokens >= self.max_model_len:
             raise ValueError("prompt_tokens must be below max_model_len")
         return self
+
+    def min_kv_tokens(self) -> int:
+        s = self.scheduling
+        needed = self.max_model_len + s.h_min + s.delta
+        return self.physics.min_kv_tokens or needed
 
     @staticmethod
     def load(path: Path) -> Scenario:

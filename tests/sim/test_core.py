@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from cadence.operator.scheduler import CadencePolicy
+from cadence.operator.scheduler import CadencePolicy, StrandingError
 from cadence.sim.core import Simulation
 from cadence.sim.scenario import Scenario
 
@@ -52,3 +52,13 @@ def test_result_reports_what_it_measured(finished: Simulation) -> None:
     assert result.trajectories == len(finished.trajectories)
     assert result.throughput_tok_s == pytest.approx(result.generated_tokens / finished.now)
     assert 0 < result.latency_p50_s <= result.latency_p95_s
+
+
+def test_a_pool_that_could_strand_a_trajectory_is_refused() -> None:
+    raw = Scenario.load(TINY).model_dump()
+    # Qwen3-32B on one H800 holds about 27K tokens: below 30K + h_min + delta.
+    raw["physics"]["min_kv_tokens"] = 4_096
+    raw["model"] = "Qwen3-32B"
+    raw["max_model_len"] = 30_000
+    with pytest.raises(StrandingError, match="h800"):
+        Simulation(Scenario.model_validate(raw), CadencePolicy())
