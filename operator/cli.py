@@ -10,15 +10,21 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NoReturn
 
+import yaml
 from pydantic import ValidationError
 
 from cadence.bench.scheduler import main as bench_main
 from cadence.operator.scheduler import ConfigError, plan
+from cadence.operator.scheduler.registry import POLICIES
 from cadence.operator.scheduler.wire import SnapshotModel, StateModel, actions_to_json
+from cadence.sim.core import Simulation, StallError
+from cadence.sim.report import document, table
+from cadence.sim.scenario import Scenario
 
 PROG = "cadence"
 
@@ -102,6 +108,36 @@ def _cmd_bench_scheduler(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_sim(args: argparse.Namespace) -> int:
+    try:
+        scenario = Scenario.load(args.scenario)
+    except OSError as e:
+        raise UsageError(f"cannot read scenario {args.scenario}: {e.strerror or e}") from None
+    except yaml.YAMLError as e:
+        raise UsageError(f"scenario {args.scenario} is not YAML: {e}") from None
+    except ValidationError as e:
+        raise UsageError(_validation_sentence("scenario", args.scenario, e)) from None
+    if args.seed is not None:
+        scenario = scenario.model_copy(update={"seed": args.seed})
+    names = [n.strip() for n in args.policies.split(",") if n.strip()]
+    unknown = [n for n in names if n not in POLICIES]
+    if unknown or not names:
+        raise UsageError(
+            f"unknown policy {', '.join(unknown) or '(none)'}; available: {', '.join(POLICIES)}"
+        )
+    start = time.perf_counter()
+    results = []
+    for name in names:
+        results.append(Simulation(scenario, POLICIES[name]()).run())
+    wall = time.perf_counter() - start
+    print(f"{scenario.name}: {wall:.1f} s of wall time")
+    print(table(results))
+    if args.json is not None:
+        doc = document(scenario.name, wall, results)
+        args.json.write_text(json.dumps(doc, indent=2) + "\n")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog=PROG,
@@ -120,6 +156,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--state", type=Path, help="policy state JSON from the previous cycle")
     p.add_argument("--pretty", action="store_true", help="indent the JSON output")
     p.set_defaults(run=_cmd_plan)
+
+    s = sub.add_parser(
+        "sim",
+        help="simulate a rollout pool under one or more policies",
+        description="Simulate a rollout pool described by a scenario file under each "
+        "policy and print a table (and optionally JSON).",
+    )
+    s.add_argument("--scenario", type=Path, required=True, help="scenario YAML file")
+    s.add_argument("--policies", default=",".join(POLICIES), help="comma-separated names")
+    s.add_argument("--seed", type=int, help="override the scenario's seed")
+    s.add_argument("--json", type=Path, help="write the results as JSON here")
+    s.set_defaults(run=_cmd_sim)
 
     bench = sub.add_parser("bench", help="run a benchmark (prints JSON)")
     benches = bench.add_subparsers(dest="bench", metavar="BENCH", parser_class=_Parser)
@@ -148,7 +196,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2
-    except ConfigError as e:
+    except (ConfigError, StallError) as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -1,0 +1,13 @@
+"""Policies by the names the command line and the resources use."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from cadence.operator.scheduler.cadence import CadencePolicy
+from cadence.operator.scheduler.policy import Policy
+
+POLICIES: dict[str, Callable[[], Policy[Any]]] = {
+    "cadence": CadencePolicy,
+}
