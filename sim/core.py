@@ -298,7 +298,7 @@ class Simulation:
                     assert t.version is not None
                     self._in_env[t.sample.id] = t
                     self._pending[t.sample.id] = PendingTrajectory(
-                        t.sample.id, t.version, t.context, stop.time, placeable=False
+                        t.sample.id, t.version, t.context, stop.time, False, w.id
                     )
 
     def _environments(self, until: float) -> None:
@@ -309,7 +309,9 @@ class Simulation:
                 t.context += t.sample.observation_tokens
                 t.state = "pending"
                 assert t.version is not None
-                self._pending[rid] = PendingTrajectory(rid, t.version, t.context, t.pending_since)
+                self._pending[rid] = PendingTrajectory(
+                    rid, t.version, t.context, t.pending_since, parked_on=t.parked_on
+                )
 
     def _train(self, now: float) -> None:
         """Batch u is consumed once all of it is complete and version u is the newest;

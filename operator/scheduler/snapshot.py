@@ -80,7 +80,9 @@ class WorkerView:
 class PendingTrajectory:
     """A started trajectory in P_v: departed, or waiting for its environment.
 
-    `placeable` is False while it waits for an environment observation.
+    `placeable` is False while it waits for an environment observation. `parked_on` is
+    the worker holding its state, for policies that send a trajectory back where it was
+    (verl's multi-turn requests stick to their server); Cadence does not read it.
     """
 
     id: str
@@ -88,6 +90,7 @@ class PendingTrajectory:
     context: int
     since: float
     placeable: bool = True
+    parked_on: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -50,6 +50,7 @@ class PendingModel(_Strict):
     context: int = Field(ge=0)
     since: float = 0.0
     placeable: bool = True
+    parked_on: str | None = None
 
 
 class FreshModel(_Strict):
