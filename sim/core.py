@@ -63,6 +63,7 @@ class Trajectory:
     env_until: float = 0.0
     moves: int = 0
     evicted: bool = False  # its last departure was an eviction (its next placement a move)
+    versions_spanned: int = 0  # AReaL-like only: weight switches it decoded across
 
     def next_stop(self) -> int:
         """Tokens to decode before it next stops: its next tool call, or its end."""
@@ -156,6 +157,9 @@ class Simulation:
         self.newest = 0
         self.consumed = 0
         self.done_per_batch: dict[int, int] = {}
+        self.done_per_group: dict[int, int] = {}
+        self.complete_groups: list[int] = []  # in order of completion
+        self.oldest_complete = getattr(policy, "trainer_takes", "") == "oldest_complete"
         self.training: float | None = None  # when the version being trained is published
         self.now = 0.0
         self.migrations = 0
@@ -257,7 +261,10 @@ class Simulation:
         elif t.state == "pending":
             del self._pending[t.sample.id]
             if t.version != w.version:
-                raise AssertionError(f"{a.trajectory} of v{t.version} on v{w.version}")
+                if not getattr(self.policy, "spans_versions", False):
+                    raise AssertionError(f"{a.trajectory} of v{t.version} on v{w.version}")
+                t.version = w.version  # AReaL-like: its next tokens come from the new version
+                t.versions_spanned += 1
             source = self.workers.get(t.parked_on or "")
             same_type = source is not None and source.accelerator == w.accelerator
             if same_type and self.scenario.physics.kv_transfer and source is not w:
@@ -288,8 +295,12 @@ class Simulation:
                 t.worker = None
                 if t.generated >= t.sample.response_tokens:
                     t.state, t.done_at = "done", stop.time
-                    batch = t.sample.group // self.scenario.workload.prompts_per_batch
+                    group = t.sample.group
+                    batch = group // self.scenario.workload.prompts_per_batch
                     self.done_per_batch[batch] = self.done_per_batch.get(batch, 0) + 1
+                    self.done_per_group[group] = self.done_per_group.get(group, 0) + 1
+                    if self.done_per_group[group] == self.scenario.workload.samples_per_prompt:
+                        self.complete_groups.append(group)
                 else:
                     latency = t.sample.env_latencies_s[t.calls_made]
                     t.calls_made += 1
@@ -325,7 +336,12 @@ class Simulation:
         u = self.newest
         if self.consumed > u or u >= w.iterations:
             return
-        if self.done_per_batch.get(u, 0) == w.prompts_per_batch * w.samples_per_prompt:
+        if self.oldest_complete:
+            # AReaL-like: the update takes the B oldest complete groups, whatever batch.
+            ready = len(self.complete_groups) >= (u + 1) * w.prompts_per_batch
+        else:
+            ready = self.done_per_batch.get(u, 0) == w.prompts_per_batch * w.samples_per_prompt
+        if ready:
             self.consumed += 1
             send = self.model.weight_bytes / (self.scenario.trainer.weights_link_gb_s * 1e9)
             self.training = now + self.scenario.trainer.update_seconds + send

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from cadence.operator.scheduler.baselines.areal import areal
 from cadence.operator.scheduler.baselines.sync import one_off, sync
 from cadence.operator.scheduler.cadence import CadencePolicy
 from cadence.operator.scheduler.policy import Policy
@@ -13,4 +14,5 @@ POLICIES: dict[str, Callable[[], Policy[Any]]] = {
     "cadence": CadencePolicy,
     "sync": sync,
     "one-off": one_off,
+    "areal": areal,
 }

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from cadence.operator.scheduler.baselines.sync import DispatchState, one_off, sync
 
-from .factories import make_fresh, make_knobs, make_pending, make_snapshot, make_worker
-from .helpers import admitted, advances, evictions, placed_on
+from ..factories import make_fresh, make_knobs, make_pending, make_snapshot, make_worker
+from ..helpers import admitted, advances, evictions, placed_on
 
 
 def test_sync_admits_the_next_batch_only_when_idle_and_trained() -> None:
