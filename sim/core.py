@@ -153,6 +153,7 @@ class Simulation:
         self._fresh: dict[str, FreshSample] = {}
         self._pending: dict[str, PendingTrajectory] = {}
         self._in_env: dict[str, Trajectory] = {}
+        self._residents: dict[str, Resident] = {}  # last view of each resident
         self.admitted = 0
         self.newest = 0
         self.consumed = 0
@@ -171,10 +172,14 @@ class Simulation:
         views = []
         for w in self.workers.values():
             residents = []
+            cache = self._residents
             for rid, ctx in w.engine.residents():
-                t = self.trajectories[rid]
-                generated = ctx - t.sample.prompt_tokens - t.observed
-                residents.append(Resident(rid, ctx, generated - t.placed_generated))
+                seen = cache.get(rid)
+                if seen is None or seen.context != ctx:  # a queued request does not change
+                    t = self.trajectories[rid]
+                    generated = ctx - t.sample.prompt_tokens - t.observed
+                    seen = cache[rid] = Resident(rid, ctx, generated - t.placed_generated)
+                residents.append(seen)
             views.append(
                 WorkerView(
                     w.id,
@@ -282,6 +287,7 @@ class Simulation:
             raise AssertionError(f"{a.trajectory} placed while {t.state}")
         t.state, t.worker, t.parked_on = "running", w.id, None
         t.placed_generated = t.generated
+        self._residents.pop(t.sample.id, None)
         w.engine.add(request)
 
     # --- time --------------------------------------------------------------------------
