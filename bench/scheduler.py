@@ -44,6 +44,7 @@ KNOBS = Knobs(h_min=4_096, delta=512, eta=2, min_decode=64)
 BATCH = 512
 
 
+PHASE_SEEDS = {"pacing": 1, "concentration": 2}  # fixed: every run plans the same pools
 GROWTH = 16  # tokens each resident decodes per control period
 COMPLETE = 1 / 400  # chance a resident finishes in one period
 
@@ -155,7 +156,7 @@ def _percentile(values: list[float], q: float) -> float:
 def run_phase(
     phase: str, workers: int, trajectories: int, pending: int, *, cycles: int, warmup: int
 ) -> dict[str, object]:
-    pool = _pool(phase, workers, trajectories, pending, seed=hash(phase) % 1_000)
+    pool = _pool(phase, workers, trajectories, pending, seed=PHASE_SEEDS[phase])
     policy = CadencePolicy()
     state = CadenceState()
     plan_ms: list[float] = []

@@ -18,6 +18,7 @@ class EvictReason(StrEnum):
     SOURCE = "source"  # the concentration source departing its residents
     MAKE_ROOM = "make_room"  # a concentration target making room for a longer trajectory
     INTERRUPT = "interrupt"  # a baseline interrupting in-flight work for new weights (AReaL)
+    REPACK = "repack"  # a baseline consolidating a draining replica onto another (Laminar)
 
 
 @dataclass(frozen=True, slots=True)
