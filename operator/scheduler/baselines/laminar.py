@@ -61,14 +61,16 @@ class LaminarPolicy:
         adm = snapshot.admission
         fresh_groups = {f.group for f in snapshot.fresh}
         claims = {g: w for g, w in state.claims.items() if g in fresh_groups}
-        claimed_by = set(claims.values())
+        # A replica's batch has drained when nothing of it is resident, waiting for a
+        # tool, or still to start.
+        busy = set(claims.values()) | {p.parked_on for p in snapshot.pending if p.parked_on}
         peak = dict(state.peak_kv)
         live = [w for w in snapshot.workers if not w.draining]
 
         # Drained replicas pull the newest weights, then take a batch of prompts.
         admitted = adm.groups_admitted
         for w in live:
-            if w.residents or w.id in claimed_by:
+            if w.residents or w.id in busy:
                 continue
             if w.version is None or w.version < newest:
                 out.append(Advance(w.id, newest))

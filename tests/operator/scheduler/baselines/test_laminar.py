@@ -7,7 +7,7 @@ from types import MappingProxyType
 from cadence.operator.scheduler import EvictReason
 from cadence.operator.scheduler.baselines.laminar import LaminarPolicy, LaminarState
 
-from ..factories import make_fresh, make_snapshot, make_worker
+from ..factories import make_fresh, make_pending, make_snapshot, make_worker
 from ..helpers import admitted, advances, evictions, placed_on
 
 
@@ -40,3 +40,16 @@ def test_repack_moves_a_falling_replica_onto_the_fullest_that_fits() -> None:
     actions, _ = policy.plan(snap, state)
     assert {e.reason for e in evictions(actions)} == {EvictReason.REPACK}
     assert placed_on(actions) == {"small-r0": "full", "small-r1": "full"}
+
+
+def test_a_replica_with_a_trajectory_at_its_tool_has_not_drained() -> None:
+    policy = LaminarPolicy()
+    stale = make_worker("stale", version=0)
+    waiting = make_pending("at-tool", 300, version=0, placeable=False)
+    waiting = type(waiting)(waiting.id, 0, 300, 0.0, False, "stale")
+    snap = make_snapshot(
+        [stale], pending=[waiting], newest=1, admitted=0, batch_size=4, total_groups=8
+    )
+    actions, _ = policy.plan(snap, policy.initial_state())
+    assert advances(actions) == []
+    assert admitted(actions) == 0
