@@ -6,6 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 from cadence.operator.scheduler.baselines.areal import areal
+from cadence.operator.scheduler.baselines.dora import dora
 from cadence.operator.scheduler.baselines.laminar import laminar
 from cadence.operator.scheduler.baselines.sync import one_off, sync
 from cadence.operator.scheduler.cadence import CadencePolicy
@@ -17,4 +18,5 @@ POLICIES: dict[str, Callable[[], Policy[Any]]] = {
     "one-off": one_off,
     "areal": areal,
     "laminar": laminar,
+    "dora": dora,
 }
