@@ -22,7 +22,8 @@ from cadence.bench.scheduler import main as bench_main
 from cadence.operator.scheduler import ConfigError, plan
 from cadence.operator.scheduler.registry import POLICIES
 from cadence.operator.scheduler.wire import SnapshotModel, StateModel, actions_to_json
-from cadence.sim.core import Simulation, StallError
+from cadence.sim import compare
+from cadence.sim.core import StallError
 from cadence.sim.report import document, table
 from cadence.sim.scenario import Scenario
 
@@ -108,6 +109,29 @@ def _cmd_bench_scheduler(args: argparse.Namespace) -> int:
     return 0
 
 
+def _setting_value(text: str) -> object:
+    if text.lower() == "none":
+        return None
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def _policy_settings(items: Sequence[str]) -> dict[str, dict[str, object]]:
+    """`--param laminar.decode_batch_bound=64` -> {"laminar": {"decode_batch_bound": 64}}."""
+    settings: dict[str, dict[str, object]] = {}
+    for item in items:
+        name, dot, rest = item.partition(".")
+        key, eq, value = rest.partition("=")
+        if not (dot and eq and key):
+            raise UsageError(f"--param {item!r} is not POLICY.KEY=VALUE")
+        settings.setdefault(name, {})[key] = _setting_value(value)
+    return settings
+
+
 def _cmd_sim(args: argparse.Namespace) -> int:
     try:
         scenario = Scenario.load(args.scenario)
@@ -125,10 +149,18 @@ def _cmd_sim(args: argparse.Namespace) -> int:
         raise UsageError(
             f"unknown policy {', '.join(unknown) or '(none)'}; available: {', '.join(POLICIES)}"
         )
+    settings = _policy_settings(args.param or [])
     start = time.perf_counter()
-    results = []
-    for name in names:
-        results.append(Simulation(scenario, POLICIES[name]()).run())
+    try:
+        results = compare.run(
+            scenario,
+            names,
+            settings,
+            sweep=args.sweep,
+            progress=lambda what: print(f"  running {what}", file=sys.stderr, flush=True),
+        )
+    except compare.UnknownSetting as e:
+        raise UsageError(str(e)) from None
     wall = time.perf_counter() - start
     print(f"{scenario.name}: {wall:.1f} s of wall time")
     print(table(results))
@@ -167,6 +199,17 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--policies", default=",".join(POLICIES), help="comma-separated names")
     s.add_argument("--seed", type=int, help="override the scenario's seed")
     s.add_argument("--json", type=Path, help="write the results as JSON here")
+    s.add_argument(
+        "--param",
+        action="append",
+        metavar="POLICY.KEY=VALUE",
+        help="set a policy parameter (repeatable), e.g. laminar.decode_batch_bound=64",
+    )
+    s.add_argument(
+        "--sweep",
+        action="store_true",
+        help="run each baseline over its unknown parameters and report its best setting",
+    )
     s.set_defaults(run=_cmd_sim)
 
     bench = sub.add_parser("bench", help="run a benchmark (prints JSON)")

@@ -1,22 +1,35 @@
-"""Policies by the names the command line and the resources use."""
+"""Policies by the names the command line and the resources use, and the settings each
+baseline's unknown parameters are swept over (BASELINES.md: where a source leaves a
+parameter unknown, the comparison takes the baseline at its best setting)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from typing import Any
 
-from cadence.operator.scheduler.baselines.areal import areal
-from cadence.operator.scheduler.baselines.dora import dora
-from cadence.operator.scheduler.baselines.laminar import laminar
-from cadence.operator.scheduler.baselines.sync import one_off, sync
+from cadence.operator.scheduler.baselines.areal import ArealPolicy
+from cadence.operator.scheduler.baselines.dora import DoraPolicy
+from cadence.operator.scheduler.baselines.laminar import LaminarPolicy
+from cadence.operator.scheduler.baselines.sync import VerlPolicy
 from cadence.operator.scheduler.cadence import CadencePolicy
 from cadence.operator.scheduler.policy import Policy
 
-POLICIES: dict[str, Callable[[], Policy[Any]]] = {
+POLICIES: dict[str, Callable[..., Policy[Any]]] = {
     "cadence": CadencePolicy,
-    "sync": sync,
-    "one-off": one_off,
-    "areal": areal,
-    "laminar": laminar,
-    "dora": dora,
+    "sync": partial(VerlPolicy, staleness=0, name="sync"),
+    "one-off": partial(VerlPolicy, staleness=1, name="one-off"),
+    "areal": ArealPolicy,
+    "laminar": LaminarPolicy,
+    "dora": DoraPolicy,
+}
+
+SWEEPS: dict[str, Sequence[Mapping[str, Any]]] = {
+    "areal": [{"max_concurrent": n} for n in (1024, 2048, 4096, None)],
+    "laminar": [
+        {"prompts_per_take": take, "decode_batch_bound": bound}
+        for take in (2, 4, 8)
+        for bound in (64, 128, 256)
+    ],
+    "dora": [{"rebalance_period_s": p} for p in (10.0, 30.0, 120.0)],
 }

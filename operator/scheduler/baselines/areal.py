@@ -11,9 +11,9 @@ span versions (each token tagged with its version): this is the one policy that 
 completed groups, not batch u in admission order (the simulator's trainer follows the
 policy's `trainer_takes`).
 
-Simplifications: AReaL's max_concurrent cap on running rollouts is not modelled (the
-engine's own batch limit and KV queue it); pausing costs what the simulator charges an
-advance plus the re-prefills.
+`max_concurrent` is AReaL's cap on rollouts in flight (its value is a deployment choice:
+sweep it); None leaves only the engines' own batch limit and KV queue. Simplification:
+pausing costs what the simulator charges an advance plus the re-prefills.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from cadence.operator.scheduler.snapshot import Snapshot
 @dataclass(frozen=True, slots=True)
 class ArealPolicy:
     name: str = "areal"
+    max_concurrent: int | None = None
     spans_versions: bool = True
     trainer_takes: str = "oldest_complete"
 
@@ -61,9 +62,9 @@ class ArealPolicy:
             if p.placeable and home is not None and home.version is not None:
                 out.append(Place(p.id, home.id, home.version, p.context))
         ready = list(workers.values())
-        assigned = least_assigned(snapshot.fresh, ready, state.assigned, out)
+        fresh = snapshot.fresh
+        if self.max_concurrent is not None:
+            running = sum(len(w.residents) for w in snapshot.workers) + len(snapshot.pending)
+            fresh = fresh[: max(0, self.max_concurrent - running)]
+        assigned = least_assigned(fresh, ready, state.assigned, out)
         return out, DispatchState(assigned)
-
-
-def areal() -> ArealPolicy:
-    return ArealPolicy()

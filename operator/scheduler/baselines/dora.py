@@ -134,7 +134,3 @@ class DoraPolicy:
                 out.append(Advance(w.id, newest))
                 moved.add(w.id)
         return moved
-
-
-def dora() -> DoraPolicy:
-    return DoraPolicy()

@@ -143,7 +143,3 @@ class LaminarPolicy:
                 count[best.id] += count[src.id]
                 load[src.id] = count[src.id] = 0
                 emptied.add(src.id)
-
-
-def laminar() -> LaminarPolicy:
-    return LaminarPolicy()

@@ -1,0 +1,30 @@
+"""Comparisons: a baseline's unknown parameters are swept and its best setting reported."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from cadence.operator.scheduler.registry import SWEEPS
+from cadence.sim import compare
+from cadence.sim.scenario import Scenario
+
+TINY = Path(__file__).parents[2] / "sim" / "scenarios" / "tiny-16A16B8H.yaml"
+
+
+def test_sweep_reports_the_best_throughput_and_every_setting_tried() -> None:
+    (result,) = compare.run(Scenario.load(TINY), ["dora"], {}, sweep=True)
+    tried = result.extras["sweep"]
+    assert len(tried) == len(SWEEPS["dora"])
+    assert result.throughput_tok_s == max(t["throughput_tok_s"] for t in tried)
+    assert result.extras["settings"] in [t["settings"] for t in tried]
+
+
+def test_fixed_settings_apply_and_unknown_ones_are_refused_before_running() -> None:
+    (result,) = compare.run(
+        Scenario.load(TINY), ["laminar"], {"laminar": {"decode_batch_bound": 64}}
+    )
+    assert result.extras["settings"] == {"decode_batch_bound": 64}
+    with pytest.raises(compare.UnknownSetting, match="no parameter bogus"):
+        compare.run(Scenario.load(TINY), ["cadence", "laminar"], {"laminar": {"bogus": 1}})
