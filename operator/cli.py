@@ -22,7 +22,7 @@ from cadence.bench.scheduler import main as bench_main
 from cadence.operator.scheduler import ConfigError, plan
 from cadence.operator.scheduler.registry import POLICIES
 from cadence.operator.scheduler.wire import SnapshotModel, StateModel, actions_to_json
-from cadence.sim import compare
+from cadence.sim import compare, plots
 from cadence.sim.core import StallError
 from cadence.sim.report import document, table
 from cadence.sim.scenario import Scenario
@@ -167,6 +167,9 @@ def _cmd_sim(args: argparse.Namespace) -> int:
     if args.json is not None:
         doc = document(scenario.name, wall, results)
         args.json.write_text(json.dumps(doc, indent=2) + "\n")
+    if args.plots is not None:
+        for path in plots.write_all(results, args.plots):
+            print(f"wrote {path}")
     return 0
 
 
@@ -199,6 +202,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--policies", default=",".join(POLICIES), help="comma-separated names")
     s.add_argument("--seed", type=int, help="override the scenario's seed")
     s.add_argument("--json", type=Path, help="write the results as JSON here")
+    s.add_argument("--plots", type=Path, metavar="DIR", help="write PNG plots into DIR")
     s.add_argument(
         "--param",
         action="append",

@@ -87,6 +87,16 @@ class Worker:
         return self.deployment.accelerator.name
 
 
+@dataclass(frozen=True, slots=True)
+class PeriodSample:
+    """One control period as the plots see it."""
+
+    time: float
+    tokens: int  # decoded in the period
+    newest: int
+    mean_context: dict[str, float]  # per accelerator type: resident KV over residents
+
+
 @dataclass
 class Result:
     policy: str
@@ -101,6 +111,7 @@ class Result:
     simulated_seconds: float
     generated_tokens: int
     extras: dict[str, Any] = field(default_factory=dict)
+    timeline: list[PeriodSample] = field(default_factory=list, repr=False)
 
 
 def _percentile(values: Sequence[float], q: float) -> float:
@@ -165,6 +176,8 @@ class Simulation:
         self.now = 0.0
         self.migrations = 0
         self.migrated_bytes = 0.0
+        self.timeline: list[PeriodSample] = []
+        self._decoded_so_far = 0
 
     # --- observation -----------------------------------------------------------------
 
@@ -365,6 +378,25 @@ class Simulation:
         self._environments(until)
         self.now = until
         self._train(self.now)
+        self._record()
+
+    def _record(self) -> None:
+        decoded = sum(w.engine.decoded_tokens for w in self.workers.values())
+        kv: dict[str, int] = {}
+        count: dict[str, int] = {}
+        for w in self.workers.values():
+            residents = w.engine.residents()
+            kv[w.accelerator] = kv.get(w.accelerator, 0) + sum(c for _, c in residents)
+            count[w.accelerator] = count.get(w.accelerator, 0) + len(residents)
+        self.timeline.append(
+            PeriodSample(
+                self.now,
+                decoded - self._decoded_so_far,
+                self.newest,
+                {a: kv[a] / count[a] for a in kv if count[a]},
+            )
+        )
+        self._decoded_so_far = decoded
 
     def run(self, max_seconds: float = 1e7) -> Result:
         while not self.finished:
@@ -396,4 +428,5 @@ class Simulation:
             preemptions=sum(w.engine.preemptions for w in self.workers.values()),
             simulated_seconds=self.now,
             generated_tokens=tokens,
+            timeline=self.timeline,
         )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import fields
 from typing import Any
 
 from cadence.sim.core import Result
@@ -22,8 +22,7 @@ COLUMNS = (
 def table(results: list[Result]) -> str:
     rows = [[label for _, label, _ in COLUMNS]]
     for r in results:
-        values = asdict(r)
-        rows.append([fmt.format(values[key]) for key, _, fmt in COLUMNS])
+        rows.append([fmt.format(getattr(r, key)) for key, _, fmt in COLUMNS])
     widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
     lines = []
     for n, row in enumerate(rows):
@@ -39,9 +38,9 @@ def table(results: list[Result]) -> str:
 
 def document(scenario: str, wall_seconds: float, results: list[Result]) -> dict[str, Any]:
     policies = {}
+    skip = {"policy", "timeline", "extras"}
     for r in results:
-        entry = asdict(r)
-        entry.pop("policy")
-        entry.update(entry.pop("extras"))
+        entry = {f.name: getattr(r, f.name) for f in fields(r) if f.name not in skip}
+        entry.update(r.extras)
         policies[r.policy] = entry
     return {"scenario": scenario, "wall_seconds": round(wall_seconds, 3), "policies": policies}

@@ -1,0 +1,72 @@
+"""PNG plots of simulated runs: the throughput arc and mean context per accelerator type
+(the paper's Figure 13), one line or panel per policy."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+
+from cadence.sim.core import Result
+
+
+def _smoothed(values: list[float], window: int) -> list[float]:
+    out, total = [], 0.0
+    for i, v in enumerate(values):
+        total += v
+        if i >= window:
+            total -= values[i - window]
+        out.append(total / min(i + 1, window))
+    return out
+
+
+def throughput_arc(results: list[Result], path: Path, window_s: float = 30.0) -> Path:
+    """Decode throughput over time, smoothed over `window_s`, one line per policy."""
+    fig, ax = plt.subplots(figsize=(9, 4))
+    for r in results:
+        if not r.timeline:
+            continue
+        period = r.timeline[1].time - r.timeline[0].time if len(r.timeline) > 1 else 1.0
+        window = max(1, round(window_s / period))
+        rate = [s.tokens / period for s in r.timeline]
+        ax.plot([s.time for s in r.timeline], _smoothed(rate, window), label=r.policy)
+    ax.set_xlabel("simulated seconds")
+    ax.set_ylabel(f"decode tokens/s ({window_s:.0f} s mean)")
+    ax.set_title("Throughput arc")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def context_by_accelerator(result: Result, path: Path, window_s: float = 30.0) -> Path:
+    """Mean resident context per accelerator type over time (the paper's Figure 13)."""
+    fig, ax = plt.subplots(figsize=(9, 4))
+    types = sorted({a for s in result.timeline for a in s.mean_context})
+    period = result.timeline[1].time - result.timeline[0].time if len(result.timeline) > 1 else 1.0
+    window = max(1, round(window_s / period))
+    for a in types:
+        points = [(s.time, s.mean_context[a]) for s in result.timeline if a in s.mean_context]
+        if points:
+            xs, ys = zip(*points, strict=True)
+            ax.plot(xs, _smoothed(list(ys), window), label=a)
+    ax.set_xlabel("simulated seconds")
+    ax.set_ylabel("mean resident context (tokens)")
+    ax.set_title(f"Mean context per accelerator type: {result.policy}")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def write_all(results: list[Result], directory: Path) -> list[Path]:
+    directory.mkdir(parents=True, exist_ok=True)
+    paths = [throughput_arc(results, directory / "throughput_arc.png")]
+    for r in results:
+        paths.append(context_by_accelerator(r, directory / f"context_by_type_{r.policy}.png"))
+    return paths
