@@ -132,6 +132,52 @@ def _policy_settings(items: Sequence[str]) -> dict[str, dict[str, object]]:
     return settings
 
 
+def _sim_vary(
+    args: argparse.Namespace,
+    scenario: Scenario,
+    names: list[str],
+    settings: dict[str, dict[str, object]],
+) -> int:
+    path, eq, listed = args.vary.partition("=")
+    values = [_setting_value(v) for v in listed.split(",") if v.strip()]
+    if not (eq and path and values):
+        raise UsageError(f"--vary {args.vary!r} is not FIELD=V1,V2,... (e.g. scheduling.eta=1,2,3)")
+    start = time.perf_counter()
+    try:
+        by_value = compare.vary(
+            scenario,
+            names,
+            path,
+            values,
+            settings=settings,
+            sweep=args.sweep,
+            progress=lambda what: print(f"  {what}", file=sys.stderr, flush=True),
+        )
+    except compare.UnknownSetting as e:
+        raise UsageError(str(e)) from None
+    except ValidationError as e:
+        raise UsageError(_validation_sentence("scenario", args.scenario, e)) from None
+    wall = time.perf_counter() - start
+    print(f"{scenario.name}: {wall:.1f} s of wall time")
+    for value, results in by_value.items():
+        print(f"\n{path} = {value}")
+        print(table(results))
+    if args.json is not None:
+        doc = {
+            "scenario": scenario.name,
+            "wall_seconds": round(wall, 3),
+            "vary": path,
+            "values": {
+                str(v): document(scenario.name, 0.0, rs)["policies"] for v, rs in by_value.items()
+            },
+        }
+        args.json.write_text(json.dumps(doc, indent=2) + "\n")
+    if args.plots is not None:
+        args.plots.mkdir(parents=True, exist_ok=True)
+        print(f"wrote {plots.knob_sweep(path, by_value, args.plots / f'sweep_{path}.png')}")
+    return 0
+
+
 def _cmd_sim(args: argparse.Namespace) -> int:
     try:
         scenario = Scenario.load(args.scenario)
@@ -150,6 +196,8 @@ def _cmd_sim(args: argparse.Namespace) -> int:
             f"unknown policy {', '.join(unknown) or '(none)'}; available: {', '.join(POLICIES)}"
         )
     settings = _policy_settings(args.param or [])
+    if args.vary is not None:
+        return _sim_vary(args, scenario, names, settings)
     start = time.perf_counter()
     try:
         results = compare.run(
@@ -208,6 +256,11 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         metavar="POLICY.KEY=VALUE",
         help="set a policy parameter (repeatable), e.g. laminar.decode_batch_bound=64",
+    )
+    s.add_argument(
+        "--vary",
+        metavar="FIELD=V1,V2,...",
+        help="run at each value of one scenario field, e.g. scheduling.eta=1,2,3,4,5",
     )
     s.add_argument(
         "--sweep",

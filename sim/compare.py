@@ -69,3 +69,40 @@ def run(
             ]
         results.append(best)
     return results
+
+
+def with_setting(scenario: Scenario, path: str, value: Any) -> Scenario:
+    """A copy of the scenario with one field, named by its dotted path, set to `value`;
+    validated again, so a bad path or value raises pydantic's ValidationError."""
+    raw = scenario.model_dump()
+    node = raw
+    *parents, leaf = path.split(".")
+    for part in parents:
+        child = node.get(part)
+        if not isinstance(child, dict):
+            raise UnknownSetting(f"scenario has no section {part!r} in {path!r}")
+        node = child
+    if leaf not in node:
+        raise UnknownSetting(f"scenario has no field {path!r}")
+    node[leaf] = value
+    return Scenario.model_validate(raw)
+
+
+def vary(
+    scenario: Scenario,
+    names: Sequence[str],
+    path: str,
+    values: Sequence[Any],
+    *,
+    settings: Mapping[str, Mapping[str, Any]] | None = None,
+    sweep: bool = False,
+    progress: Callable[[str], None] | None = None,
+) -> dict[Any, list[Result]]:
+    """Each policy at each value of one scenario field (the paper's eta and delta sweeps)."""
+    variants = {v: with_setting(scenario, path, v) for v in values}  # refuse bad input first
+    out: dict[Any, list[Result]] = {}
+    for value, variant in variants.items():
+        if progress:
+            progress(f"{path} = {value}")
+        out[value] = run(variant, names, settings or {}, sweep=sweep)
+    return out

@@ -70,3 +70,24 @@ def write_all(results: list[Result], directory: Path) -> list[Path]:
     for r in results:
         paths.append(context_by_accelerator(r, directory / f"context_by_type_{r.policy}.png"))
     return paths
+
+
+def knob_sweep(path_name: str, by_value: dict[object, list[Result]], path: Path) -> Path:
+    """Throughput and P95 latency against one scenario setting (Figures 15 and 16)."""
+    values = list(by_value)
+    policies = [r.policy for r in by_value[values[0]]]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    for i, name in enumerate(policies):
+        xs = [str(v) for v in values]
+        left.plot(xs, [by_value[v][i].throughput_tok_s for v in values], marker="o", label=name)
+        right.plot(xs, [by_value[v][i].latency_p95_s for v in values], marker="o", label=name)
+    left.set_xlabel(path_name)
+    left.set_ylabel("decode tokens/s")
+    right.set_xlabel(path_name)
+    right.set_ylabel("P95 latency (s)")
+    left.legend()
+    fig.suptitle(f"Sweep of {path_name}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

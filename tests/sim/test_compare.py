@@ -28,3 +28,12 @@ def test_fixed_settings_apply_and_unknown_ones_are_refused_before_running() -> N
     assert result.extras["settings"] == {"decode_batch_bound": 64}
     with pytest.raises(compare.UnknownSetting, match="no parameter bogus"):
         compare.run(Scenario.load(TINY), ["cadence", "laminar"], {"laminar": {"bogus": 1}})
+
+
+def test_vary_runs_each_value_of_one_scenario_field() -> None:
+    by_value = compare.vary(Scenario.load(TINY), ["cadence"], "scheduling.eta", [0, 2])
+    assert list(by_value) == [0, 2]
+    # eta = 0 is synchronous: more waiting, so a longer run than eta = 2.
+    assert by_value[0][0].simulated_seconds > by_value[2][0].simulated_seconds
+    with pytest.raises(compare.UnknownSetting, match="no field"):
+        compare.vary(Scenario.load(TINY), ["cadence"], "scheduling.bogus", [1])
