@@ -13,7 +13,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import NoReturn, TypeVar
 
 import yaml
 from pydantic import ValidationError
@@ -28,6 +28,7 @@ from cadence.sim.report import document, table
 from cadence.sim.scenario import Scenario
 
 PROG = "cadence"
+R = TypeVar("R")
 
 
 class UsageError(Exception):
@@ -132,50 +133,30 @@ def _policy_settings(items: Sequence[str]) -> dict[str, dict[str, object]]:
     return settings
 
 
-def _sim_vary(
-    args: argparse.Namespace,
-    scenario: Scenario,
-    names: list[str],
-    settings: dict[str, dict[str, object]],
-) -> int:
-    path, eq, listed = args.vary.partition("=")
+def _vary_values(spec: str) -> tuple[str, list[object]]:
+    path, eq, listed = spec.partition("=")
     values = [_setting_value(v) for v in listed.split(",") if v.strip()]
     if not (eq and path and values):
-        raise UsageError(f"--vary {args.vary!r} is not FIELD=V1,V2,... (e.g. scheduling.eta=1,2,3)")
+        raise UsageError(f"--vary {spec!r} is not FIELD=V1,V2,... (e.g. scheduling.eta=1,2,3)")
+    return path, values
+
+
+def _compare(scenario_file: Path, name: str, call: Callable[[], R]) -> tuple[R, float]:
+    """Run a comparison, turning refused settings into usage errors; time it."""
     start = time.perf_counter()
     try:
-        by_value = compare.vary(
-            scenario,
-            names,
-            path,
-            values,
-            settings=settings,
-            sweep=args.sweep,
-            progress=lambda what: print(f"  {what}", file=sys.stderr, flush=True),
-        )
+        out = call()
     except compare.UnknownSetting as e:
         raise UsageError(str(e)) from None
     except ValidationError as e:
-        raise UsageError(_validation_sentence("scenario", args.scenario, e)) from None
+        raise UsageError(_validation_sentence("scenario", scenario_file, e)) from None
     wall = time.perf_counter() - start
-    print(f"{scenario.name}: {wall:.1f} s of wall time")
-    for value, results in by_value.items():
-        print(f"\n{path} = {value}")
-        print(table(results))
-    if args.json is not None:
-        doc = {
-            "scenario": scenario.name,
-            "wall_seconds": round(wall, 3),
-            "vary": path,
-            "values": {
-                str(v): document(scenario.name, 0.0, rs)["policies"] for v, rs in by_value.items()
-            },
-        }
-        args.json.write_text(json.dumps(doc, indent=2) + "\n")
-    if args.plots is not None:
-        args.plots.mkdir(parents=True, exist_ok=True)
-        print(f"wrote {plots.knob_sweep(path, by_value, args.plots / f'sweep_{path}.png')}")
-    return 0
+    print(f"{name}: {wall:.1f} s of wall time")
+    return out, wall
+
+
+def _progress(prefix: str) -> Callable[[str], None]:
+    return lambda what: print(f"  {prefix}{what}", file=sys.stderr, flush=True)
 
 
 def _cmd_sim(args: argparse.Namespace) -> int:
@@ -196,28 +177,55 @@ def _cmd_sim(args: argparse.Namespace) -> int:
             f"unknown policy {', '.join(unknown) or '(none)'}; available: {', '.join(POLICIES)}"
         )
     settings = _policy_settings(args.param or [])
+
     if args.vary is not None:
-        return _sim_vary(args, scenario, names, settings)
-    start = time.perf_counter()
-    try:
-        results = compare.run(
-            scenario,
-            names,
-            settings,
-            sweep=args.sweep,
-            progress=lambda what: print(f"  running {what}", file=sys.stderr, flush=True),
+        path, values = _vary_values(args.vary)
+        by_value, wall = _compare(
+            args.scenario,
+            scenario.name,
+            lambda: compare.vary(
+                scenario,
+                names,
+                path,
+                values,
+                settings=settings,
+                sweep=args.sweep,
+                progress=_progress(""),
+            ),
         )
-    except compare.UnknownSetting as e:
-        raise UsageError(str(e)) from None
-    wall = time.perf_counter() - start
-    print(f"{scenario.name}: {wall:.1f} s of wall time")
+        for value, rows in by_value.items():
+            print(f"\n{path} = {value}")
+            print(table(rows))
+        if args.json is not None:
+            doc = {
+                "scenario": scenario.name,
+                "wall_seconds": round(wall, 3),
+                "vary": path,
+                "values": {
+                    str(v): document(scenario.name, 0.0, rs)["policies"]
+                    for v, rs in by_value.items()
+                },
+            }
+            args.json.write_text(json.dumps(doc, indent=2) + "\n")
+        if args.plots is not None:
+            args.plots.mkdir(parents=True, exist_ok=True)
+            print(f"wrote {plots.knob_sweep(path, by_value, args.plots / f'sweep_{path}.png')}")
+        return 0
+
+    results, wall = _compare(
+        args.scenario,
+        scenario.name,
+        lambda: compare.run(
+            scenario, names, settings, sweep=args.sweep, progress=_progress("running ")
+        ),
+    )
     print(table(results))
     if args.json is not None:
         doc = document(scenario.name, wall, results)
         args.json.write_text(json.dumps(doc, indent=2) + "\n")
     if args.plots is not None:
-        for path in plots.write_all(results, args.plots):
-            print(f"wrote {path}")
+        for path_written in plots.write_all(results, args.plots):
+            print(f"wrote {path_written}")
     return 0
 
 

@@ -5,20 +5,19 @@ parameter unknown, the comparison takes the baseline at its best setting)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from functools import partial
 from typing import Any
 
 from cadence.operator.scheduler.baselines.areal import ArealPolicy
 from cadence.operator.scheduler.baselines.dora import DoraPolicy
 from cadence.operator.scheduler.baselines.laminar import LaminarPolicy
-from cadence.operator.scheduler.baselines.sync import VerlPolicy
+from cadence.operator.scheduler.baselines.sync import one_off, sync
 from cadence.operator.scheduler.cadence import CadencePolicy
 from cadence.operator.scheduler.policy import Policy
 
 POLICIES: dict[str, Callable[..., Policy[Any]]] = {
     "cadence": CadencePolicy,
-    "sync": partial(VerlPolicy, staleness=0, name="sync"),
-    "one-off": partial(VerlPolicy, staleness=1, name="one-off"),
+    "sync": sync,
+    "one-off": one_off,
     "areal": ArealPolicy,
     "laminar": LaminarPolicy,
     "dora": DoraPolicy,

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from types import MappingProxyType
 
 from cadence.operator.scheduler.actions import Action, Admit, Advance
@@ -84,9 +85,5 @@ class VerlPolicy:
         return out, DispatchState(assigned)
 
 
-def sync() -> VerlPolicy:
-    return VerlPolicy(staleness=0, name="sync")
-
-
-def one_off() -> VerlPolicy:
-    return VerlPolicy(staleness=1, name="one-off")
+sync = partial(VerlPolicy, staleness=0, name="sync")
+one_off = partial(VerlPolicy, staleness=1, name="one-off")
