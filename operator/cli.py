@@ -19,6 +19,7 @@ import yaml
 from pydantic import ValidationError
 
 from cadence.bench.scheduler import main as bench_main
+from cadence.bench.workload import main as workload_main
 from cadence.operator.scheduler import ConfigError, plan
 from cadence.operator.scheduler.registry import POLICIES
 from cadence.operator.scheduler.wire import SnapshotModel, StateModel, actions_to_json
@@ -133,6 +134,17 @@ def _policy_settings(items: Sequence[str]) -> dict[str, dict[str, object]]:
     return settings
 
 
+def _load_scenario(path: Path) -> Scenario:
+    try:
+        return Scenario.load(path)
+    except OSError as e:
+        raise UsageError(f"cannot read scenario {path}: {e.strerror or e}") from None
+    except yaml.YAMLError as e:
+        raise UsageError(f"scenario {path} is not YAML: {e}") from None
+    except ValidationError as e:
+        raise UsageError(_validation_sentence("scenario", path, e)) from None
+
+
 def _vary_values(spec: str) -> tuple[str, list[object]]:
     path, eq, listed = spec.partition("=")
     values = [_setting_value(v) for v in listed.split(",") if v.strip()]
@@ -160,14 +172,7 @@ def _progress(prefix: str) -> Callable[[str], None]:
 
 
 def _cmd_sim(args: argparse.Namespace) -> int:
-    try:
-        scenario = Scenario.load(args.scenario)
-    except OSError as e:
-        raise UsageError(f"cannot read scenario {args.scenario}: {e.strerror or e}") from None
-    except yaml.YAMLError as e:
-        raise UsageError(f"scenario {args.scenario} is not YAML: {e}") from None
-    except ValidationError as e:
-        raise UsageError(_validation_sentence("scenario", args.scenario, e)) from None
+    scenario = _load_scenario(args.scenario)
     if args.seed is not None:
         scenario = scenario.model_copy(update={"seed": args.seed})
     names = [n.strip() for n in args.policies.split(",") if n.strip()]
@@ -226,6 +231,12 @@ def _cmd_sim(args: argparse.Namespace) -> int:
     if args.plots is not None:
         for path_written in plots.write_all(results, args.plots):
             print(f"wrote {path_written}")
+    return 0
+
+
+def _cmd_bench_workload(args: argparse.Namespace) -> int:
+    scenario = _load_scenario(args.scenario)
+    workload_main(scenario, args.groups)
     return 0
 
 
@@ -293,6 +304,15 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--warmup", type=_at_least(0), default=5, help="untimed cycles first")
     b.add_argument("--phase", choices=["pacing", "concentration", "both"], default="both")
     b.set_defaults(run=_cmd_bench_scheduler)
+    wl = benches.add_parser(
+        "workload",
+        help="the length shape a scenario's workload generates (prints JSON)",
+        description="Generate prompt groups from a scenario's workload model and print its "
+        "shape against the published targets as one JSON object.",
+    )
+    wl.add_argument("--scenario", type=Path, required=True, help="scenario YAML file")
+    wl.add_argument("--groups", type=_at_least(1), default=512, help="prompt groups to draw")
+    wl.set_defaults(run=_cmd_bench_workload)
     return parser
 
 

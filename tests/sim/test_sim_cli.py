@@ -63,3 +63,42 @@ def test_unknown_policy_and_missing_file_are_exit_2(capsys: pytest.CaptureFixtur
     assert "available: cadence" in capsys.readouterr().err
     assert main(["sim", "--scenario", "missing.yaml"]) == 2
     assert "cannot read scenario" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--param", "laminar"], "is not POLICY.KEY=VALUE"),
+        (["--param", "laminar.bogus=1"], "no parameter bogus"),
+        (["--vary", "scheduling.eta"], "is not FIELD=V1,V2"),
+        (["--vary", "scheduling.bogus=1,2"], "no field 'scheduling.bogus'"),
+        (["--vary", "scheduling.eta=-1"], "scheduling.eta"),
+    ],
+)
+def test_bad_settings_are_exit_2_before_anything_runs(
+    capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
+    assert main(["sim", "--scenario", str(TINY), "--policies", "laminar", *argv]) == 2
+    out, err = capsys.readouterr()
+    assert "wall time" not in out
+    assert err.startswith("cadence: error: ") and message in err
+
+
+def test_a_pool_that_could_strand_work_is_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    raw = yaml.safe_load(TINY.read_text())
+    raw.update({"model": "Qwen3-32B", "max_model_len": 30_000})
+    raw["physics"]["min_kv_tokens"] = 4_096
+    bad = tmp_path / "strand.yaml"
+    bad.write_text(yaml.safe_dump(raw))
+    assert main(["sim", "--scenario", str(bad), "--policies", "cadence"]) == 2
+    assert "could never be placed" in capsys.readouterr().err
+
+
+def test_bench_workload_reports_the_shape(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "workload", "--scenario", str(TINY), "--groups", "64"]) == 0
+    shape = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert shape["samples"] == 64 * 8
+    assert shape["p99_over_median"] > 1
+    assert 0 < shape["slowest_tenth_time_share"] < 1

@@ -72,10 +72,12 @@ def test_tight_fit_specializes_equal_workers_and_worst_fit_does_not() -> None:
     equal = (1, 1, 1, 1)
     tight = statistics.fmean(_spread(_run("tight", s, equal, 3000)) for s in SEEDS)
     worst = statistics.fmean(_spread(_run("worst", s, equal, 3000)) for s in SEEDS)
+    print(f"context spread across equal workers: tight fit {tight:.3f}, worst fit {worst:.3f}")
     assert tight >= 1.5 * worst, (tight, worst)
 
 
 def test_the_faster_worker_carries_the_longer_mix() -> None:
     speeds = (2, 1, 1, 1)
     ratio = statistics.fmean(_fast_over_others(_run("tight", s, speeds, 2000), "w0") for s in SEEDS)
+    print(f"fast worker's mean context over the others': {ratio:.2f}x")
     assert ratio >= 1.1, ratio
