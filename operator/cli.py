@@ -8,15 +8,18 @@ the same parser.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import NoReturn, TypeVar
 
 import yaml
 from pydantic import ValidationError
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
 from cadence.bench.scheduler import main as bench_main
 from cadence.bench.workload import main as workload_main
@@ -167,8 +170,46 @@ def _compare(scenario_file: Path, name: str, call: Callable[[], R]) -> tuple[R, 
     return out, wall
 
 
-def _progress(prefix: str) -> Callable[[str], None]:
-    return lambda what: print(f"  {prefix}{what}", file=sys.stderr, flush=True)
+class _LineProgress:
+    """Progress for logs and pipes: a line as each run starts."""
+
+    def run_started(self, label: str, batches: int) -> None:
+        print(f"  running {label}", file=sys.stderr, flush=True)
+
+    def batch_consumed(self, consumed: int, simulated_s: float) -> None:
+        pass
+
+
+class _BarProgress:
+    """Progress on a terminal: one rich bar per run, counting batches consumed."""
+
+    def __init__(self, bar: Progress) -> None:
+        self.bar = bar
+        self.task: TaskID | None = None
+
+    def run_started(self, label: str, batches: int) -> None:
+        if self.task is not None:
+            self.bar.update(self.task, visible=False)
+        self.task = self.bar.add_task(label, total=batches, sim="0")
+
+    def batch_consumed(self, consumed: int, simulated_s: float) -> None:
+        if self.task is not None:
+            self.bar.update(self.task, completed=consumed, sim=f"{simulated_s:,.0f}")
+
+
+@contextlib.contextmanager
+def _progress() -> Iterator[compare.Progress]:
+    if not sys.stderr.isatty():
+        yield _LineProgress()
+        return
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total} batches, {task.fields[sim]} simulated s"),
+        TimeElapsedColumn(),
+    )
+    with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
+        yield _BarProgress(bar)
 
 
 def _cmd_sim(args: argparse.Namespace) -> int:
@@ -183,24 +224,25 @@ def _cmd_sim(args: argparse.Namespace) -> int:
         )
     settings = _policy_settings(args.param or [])
 
+    out = Console(width=None if sys.stdout.isatty() else 120)
     if args.vary is not None:
         path, values = _vary_values(args.vary)
-        by_value, wall = _compare(
-            args.scenario,
-            scenario.name,
-            lambda: compare.vary(
-                scenario,
-                names,
-                path,
-                values,
-                settings=settings,
-                sweep=args.sweep,
-                progress=_progress(""),
-            ),
-        )
+        with _progress() as progress:
+            by_value, wall = _compare(
+                args.scenario,
+                scenario.name,
+                lambda: compare.vary(
+                    scenario,
+                    names,
+                    path,
+                    values,
+                    settings=settings,
+                    sweep=args.sweep,
+                    progress=progress,
+                ),
+            )
         for value, rows in by_value.items():
-            print(f"\n{path} = {value}")
-            print(table(rows))
+            out.print(table(rows, f"{path} = {value}"))
         if args.json is not None:
             doc = {
                 "scenario": scenario.name,
@@ -217,14 +259,16 @@ def _cmd_sim(args: argparse.Namespace) -> int:
             print(f"wrote {plots.knob_sweep(path, by_value, args.plots / f'sweep_{path}.png')}")
         return 0
 
-    results, wall = _compare(
-        args.scenario,
-        scenario.name,
-        lambda: compare.run(
-            scenario, names, settings, sweep=args.sweep, progress=_progress("running ")
-        ),
-    )
-    print(table(results))
+    trace = scenario.traced_sample() if args.plots is not None else None
+    with _progress() as progress:
+        results, wall = _compare(
+            args.scenario,
+            scenario.name,
+            lambda: compare.run(
+                scenario, names, settings, sweep=args.sweep, progress=progress, trace=trace
+            ),
+        )
+    out.print(table(results, scenario.name))
     if args.json is not None:
         doc = document(scenario.name, wall, results)
         args.json.write_text(json.dumps(doc, indent=2) + "\n")

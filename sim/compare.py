@@ -4,8 +4,8 @@ sweep of the parameters its source leaves unknown (BASELINES.md)."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
 
 from cadence.operator.scheduler.registry import POLICIES, SWEEPS
 from cadence.sim.core import Result, Simulation
@@ -14,6 +14,14 @@ from cadence.sim.scenario import Scenario
 
 class UnknownSetting(ValueError):
     """A policy was given a parameter it does not have."""
+
+
+class Progress(Protocol):
+    """Told as runs start and batches are consumed; `cadence sim` draws a bar with it."""
+
+    def run_started(self, label: str, batches: int) -> None: ...
+
+    def batch_consumed(self, consumed: int, simulated_s: float) -> None: ...
 
 
 def make_policy(name: str, settings: Mapping[str, Any]) -> Any:
@@ -35,11 +43,14 @@ def run(
     settings: Mapping[str, Mapping[str, Any]],
     *,
     sweep: bool = False,
-    progress: Callable[[str], None] | None = None,
+    progress: Progress | None = None,
+    trace: str | None = None,
+    label: str = "",
 ) -> list[Result]:
     """One Result per policy. With `sweep`, a baseline with unknown parameters runs over
     its grid (fixed `settings` still apply) and its best-throughput run is reported, with
-    every setting tried under extras["sweep"]."""
+    every setting tried under extras["sweep"]. `trace` names a trajectory each run follows
+    (Result.trace)."""
     plans: list[tuple[str, list[dict[str, Any]]]] = []
     for name in names:
         fixed = dict(settings.get(name, {}))
@@ -52,9 +63,15 @@ def run(
     for name, candidates in plans:
         tried = []
         for point in candidates:
-            if progress:
-                progress(f"{name} {point}" if point else name)
-            result = Simulation(scenario, make_policy(name, point)).run()
+            on_batch = None
+            if progress is not None:
+                progress.run_started(
+                    f"{label}{name} {point}" if point else f"{label}{name}",
+                    scenario.workload.iterations,
+                )
+                on_batch = progress.batch_consumed
+            sim = Simulation(scenario, make_policy(name, point), trace=trace)
+            result = sim.run(on_batch=on_batch)
             result.extras["settings"] = dict(point)
             tried.append(result)
         best = max(tried, key=lambda r: r.throughput_tok_s)
@@ -96,13 +113,13 @@ def vary(
     *,
     settings: Mapping[str, Mapping[str, Any]] | None = None,
     sweep: bool = False,
-    progress: Callable[[str], None] | None = None,
+    progress: Progress | None = None,
 ) -> dict[Any, list[Result]]:
     """Each policy at each value of one scenario field (the paper's eta and delta sweeps)."""
     variants = {v: with_setting(scenario, path, v) for v in values}  # refuse bad input first
     out: dict[Any, list[Result]] = {}
     for value, variant in variants.items():
-        if progress:
-            progress(f"{path} = {value}")
-        out[value] = run(variant, names, settings or {}, sweep=sweep)
+        out[value] = run(
+            variant, names, settings or {}, sweep=sweep, progress=progress, label=f"{path}={value} "
+        )
     return out

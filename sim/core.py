@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import random
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -36,7 +36,7 @@ from cadence.sim.catalog import MODELS
 from cadence.sim.engine import Engine, Request
 from cadence.sim.physics import Deployment, deploy, transfer_s
 from cadence.sim.scenario import Scenario
-from cadence.sim.workload import LengthModel, MultiTurn, Sample, generate_group
+from cadence.sim.workload import Sample
 
 State = Literal["fresh", "pending", "env", "running", "done"]
 
@@ -97,6 +97,16 @@ class PeriodSample:
     mean_context: dict[str, float]  # per accelerator type: resident KV over residents
 
 
+@dataclass(frozen=True, slots=True)
+class TracePoint:
+    """The traced trajectory at the end of one control period (Figure 14)."""
+
+    time: float
+    resident: bool
+    kv_share: float  # of its worker's resident KV, 0 while it is not resident
+    generated: int
+
+
 @dataclass
 class Result:
     policy: str
@@ -112,6 +122,7 @@ class Result:
     generated_tokens: int
     extras: dict[str, Any] = field(default_factory=dict)
     timeline: list[PeriodSample] = field(default_factory=list, repr=False)
+    trace: list[TracePoint] = field(default_factory=list, repr=False)
 
 
 def _percentile(values: Sequence[float], q: float) -> float:
@@ -120,7 +131,9 @@ def _percentile(values: Sequence[float], q: float) -> float:
 
 
 class Simulation:
-    def __init__(self, scenario: Scenario, policy: Policy[Any]) -> None:
+    def __init__(
+        self, scenario: Scenario, policy: Policy[Any], *, trace: str | None = None
+    ) -> None:
         self.scenario = scenario
         self.policy = policy
         self.state = policy.initial_state()
@@ -149,16 +162,7 @@ class Simulation:
         capacities = {wk.group: wk.deployment.kv_capacity_tokens for wk in self.workers.values()}
         check_no_stranding(capacities, scenario.max_model_len, self.knobs)
         self.total_groups = w.iterations * w.prompts_per_batch
-        self.rng = random.Random(scenario.seed)
-        self.lengths = LengthModel(
-            w.median_response_tokens,
-            w.sigma_between_groups,
-            w.sigma_within_group,
-            scenario.max_model_len,
-        )
-        self.turns = MultiTurn(
-            w.multi_turn_share, w.max_tool_calls, w.env_latency_s, w.observation_tokens
-        )
+        self._groups = scenario.groups_of_samples(random.Random(scenario.seed))
         self.trajectories: dict[str, Trajectory] = {}
         # What the snapshot shows, kept as it changes rather than rebuilt each period.
         self._fresh: dict[str, FreshSample] = {}
@@ -178,6 +182,8 @@ class Simulation:
         self.migrated_bytes = 0.0
         self.timeline: list[PeriodSample] = []
         self._decoded_so_far = 0
+        self.traced = trace
+        self.trace: list[TracePoint] = []
 
     # --- observation -----------------------------------------------------------------
 
@@ -230,16 +236,8 @@ class Simulation:
                 self._place(a)
 
     def _admit(self, groups: int) -> None:
-        w = self.scenario.workload
         for _ in range(groups):
-            for sample in generate_group(
-                self.rng,
-                self.admitted,
-                w.samples_per_prompt,
-                prompt_tokens=w.prompt_tokens,
-                lengths=self.lengths,
-                multi_turn=self.turns,
-            ):
+            for sample in next(self._groups):
                 t = Trajectory(sample, context=sample.prompt_tokens)
                 self.trajectories[sample.id] = t
                 self._fresh[sample.id] = FreshSample(sample.id, sample.group, sample.prompt_tokens)
@@ -397,10 +395,35 @@ class Simulation:
             )
         )
         self._decoded_so_far = decoded
+        if self.traced is not None:
+            self._trace(self.traced)
 
-    def run(self, max_seconds: float = 1e7) -> Result:
+    def _trace(self, rid: str) -> None:
+        t = self.trajectories.get(rid)
+        if t is None or t.first_step is None:
+            return
+        if t.state == "done":
+            if not self.trace or self.trace[-1].generated < t.sample.response_tokens:
+                self.trace.append(TracePoint(self.now, False, 0.0, t.sample.response_tokens))
+            return
+        if t.state == "running" and t.worker is not None:
+            residents = self.workers[t.worker].engine.residents()
+            total = sum(c for _, c in residents)
+            own = next(c for r, c in residents if r == rid)
+            generated = own - t.sample.prompt_tokens - t.observed
+            self.trace.append(TracePoint(self.now, True, own / total, generated))
+        else:
+            self.trace.append(TracePoint(self.now, False, 0.0, t.generated))
+
+    def run(
+        self, max_seconds: float = 1e7, on_batch: Callable[[int, float], None] | None = None
+    ) -> Result:
+        """Step to the end; `on_batch(consumed, now)` hears of each batch consumed."""
         while not self.finished:
+            consumed = self.consumed
             self.step()
+            if on_batch is not None and self.consumed != consumed:
+                on_batch(self.consumed, self.now)
             if self.now > max_seconds:
                 raise StallError(
                     f"no end after {max_seconds:.0f} simulated seconds: "
@@ -429,4 +452,5 @@ class Simulation:
             simulated_seconds=self.now,
             generated_tokens=tokens,
             timeline=self.timeline,
+            trace=self.trace,
         )

@@ -1,8 +1,10 @@
-"""PNG plots of simulated runs: the throughput arc and mean context per accelerator type
-(the paper's Figure 13), one line or panel per policy."""
+"""PNG plots of simulated runs: the throughput arc, mean context per accelerator type (the
+paper's Figure 13), one long trajectory's life (Figure 14) and knob sweeps (Figures 15 and
+16), one line or panel per policy."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import matplotlib
@@ -64,11 +66,39 @@ def context_by_accelerator(result: Result, path: Path, window_s: float = 30.0) -
     return path
 
 
+def long_trajectory(results: list[Result], path: Path) -> Path:
+    """One long trajectory followed under each policy that traced it (the paper's Figure
+    14): its share of its worker's resident KV while resident (gaps while it waits in
+    pending), and its generated tokens, against time since its first step."""
+    fig, (share, progress) = plt.subplots(2, 1, figsize=(9, 6), sharex=True)
+    for r in results:
+        if not r.trace:
+            continue
+        start = r.trace[0].time
+        xs = [p.time - start for p in r.trace]
+        life = r.trace[:-1] or r.trace  # the last point is its completion
+        resident = sum(p.resident for p in life) / len(life)
+        label = f"{r.policy} (resident {resident:.0%})"
+        share.plot(xs, [p.kv_share if p.resident else math.nan for p in r.trace], label=label)
+        progress.plot(xs, [p.generated for p in r.trace], label=r.policy)
+    share.set_ylabel("share of its worker's KV")
+    share.set_title("One long trajectory over its life")
+    share.legend()
+    progress.set_xlabel("seconds since its first step")
+    progress.set_ylabel("tokens generated")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def write_all(results: list[Result], directory: Path) -> list[Path]:
     directory.mkdir(parents=True, exist_ok=True)
     paths = [throughput_arc(results, directory / "throughput_arc.png")]
     for r in results:
         paths.append(context_by_accelerator(r, directory / f"context_by_type_{r.policy}.png"))
+    if any(r.trace for r in results):
+        paths.append(long_trajectory(results, directory / "long_trajectory.png"))
     return paths
 
 

@@ -5,6 +5,9 @@ from __future__ import annotations
 from dataclasses import fields
 from typing import Any
 
+from rich import box
+from rich.table import Table
+
 from cadence.sim.core import Result
 
 COLUMNS = (
@@ -19,21 +22,14 @@ COLUMNS = (
 )
 
 
-def table(results: list[Result]) -> str:
-    rows = [[label for _, label, _ in COLUMNS]]
+def table(results: list[Result], title: str | None = None) -> Table:
+    """One row per policy; print it with a rich Console."""
+    out = Table(title=title, box=box.SIMPLE_HEAD, title_justify="left")
+    for i, (_, label, _) in enumerate(COLUMNS):
+        out.add_column(label, justify="left" if i == 0 else "right", no_wrap=True)
     for r in results:
-        rows.append([fmt.format(getattr(r, key)) for key, _, fmt in COLUMNS])
-    widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
-    lines = []
-    for n, row in enumerate(rows):
-        cells = [
-            c.ljust(w) if i == 0 else c.rjust(w)
-            for i, (c, w) in enumerate(zip(row, widths, strict=True))
-        ]
-        lines.append("  ".join(cells))
-        if n == 0:
-            lines.append("  ".join("-" * w for w in widths))
-    return "\n".join(lines)
+        out.add_row(*(fmt.format(getattr(r, key)) for key, _, fmt in COLUMNS))
+    return out
 
 
 def document(scenario: str, wall_seconds: float, results: list[Result]) -> dict[str, Any]:

@@ -7,6 +7,9 @@ path and the reason. Every physics figure has a cited default (see `physics` and
 
 from __future__ import annotations
 
+import itertools
+import random
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Self
 
@@ -21,6 +24,7 @@ from cadence.sim.physics import (
     STEP_OVERHEAD_S,
     Efficiency,
 )
+from cadence.sim.workload import LengthModel, MultiTurn, Sample, generate_group
 
 
 class _Strict(BaseModel):
@@ -154,6 +158,54 @@ class Scenario(_Strict):
         if self.workload.prompt_tokens >= self.max_model_len:
             raise ValueError("prompt_tokens must be below max_model_len")
         return self
+
+    def length_model(self) -> LengthModel:
+        w = self.workload
+        return LengthModel(
+            w.median_response_tokens,
+            w.sigma_between_groups,
+            w.sigma_within_group,
+            self.max_model_len,
+        )
+
+    def multi_turn(self) -> MultiTurn:
+        w = self.workload
+        return MultiTurn(
+            w.multi_turn_share, w.max_tool_calls, w.env_latency_s, w.observation_tokens
+        )
+
+    def groups_of_samples(self, rng: random.Random) -> Iterator[list[Sample]]:
+        """Prompt groups without end, in admission order: drawn from `rng` exactly as the
+        simulator admits them, so a run and a replay see the same samples."""
+        lengths, turns = self.length_model(), self.multi_turn()
+        w = self.workload
+        for group in itertools.count():
+            yield generate_group(
+                rng,
+                group,
+                w.samples_per_prompt,
+                prompt_tokens=w.prompt_tokens,
+                lengths=lengths,
+                multi_turn=turns,
+            )
+
+    def traced_sample(self) -> str:
+        """The trajectory Figure 14 follows: the longest single-turn sample of the second
+        batch (the first starts on an empty pool), or of the first when there is one."""
+        w = self.workload
+        batch = min(1, w.iterations - 1)
+        best: Sample | None = None
+        for samples in itertools.islice(
+            self.groups_of_samples(random.Random(self.seed)), (batch + 1) * w.prompts_per_batch
+        ):
+            for s in samples:
+                if s.group // w.prompts_per_batch != batch or s.tool_calls:
+                    continue
+                if best is None or s.response_tokens > best.response_tokens:
+                    best = s
+        if best is None:  # every sample of the batch calls tools
+            return f"g{batch * w.prompts_per_batch}s0"
+        return best.id
 
     def min_kv_tokens(self) -> int:
         s = self.scheduling

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+import random
 from pathlib import Path
 
 import pytest
@@ -16,7 +18,8 @@ TINY = Path(__file__).parents[2] / "sim" / "scenarios" / "tiny-16A16B8H.yaml"
 
 @pytest.fixture(scope="module", params=sorted(POLICIES))
 def finished(request: pytest.FixtureRequest) -> Simulation:
-    sim = Simulation(Scenario.load(TINY), POLICIES[request.param]())
+    scenario = Scenario.load(TINY)
+    sim = Simulation(scenario, POLICIES[request.param](), trace=scenario.traced_sample())
     while not sim.finished:
         sim.step()
         for w in sim.workers.values():
@@ -73,3 +76,21 @@ def test_a_pool_that_could_strand_a_trajectory_is_refused() -> None:
     raw["max_model_len"] = 30_000
     with pytest.raises(StrandingError, match="h800"):
         Simulation(Scenario.model_validate(raw), CadencePolicy())
+
+
+def test_a_replay_of_the_workload_sees_the_samples_the_run_admitted(finished: Simulation) -> None:
+    replay = finished.scenario.groups_of_samples(random.Random(finished.scenario.seed))
+    for group in itertools.islice(replay, finished.admitted):
+        for sample in group:
+            assert finished.trajectories[sample.id].sample == sample
+
+
+def test_the_traced_trajectory_is_followed_from_first_step_to_end(finished: Simulation) -> None:
+    t = finished.trajectories[finished.scenario.traced_sample()]
+    trace = finished.trace
+    assert t.first_step is not None and trace[0].time >= t.first_step
+    assert trace[-1].generated == t.sample.response_tokens
+    assert all(a.generated <= b.generated for a, b in itertools.pairwise(trace))
+    for point in trace:
+        assert (0.0 < point.kv_share <= 1.0) if point.resident else point.kv_share == 0.0
+    assert any(point.resident for point in trace)

@@ -11,7 +11,8 @@ TINY = Path(__file__).parents[2] / "sim" / "scenarios" / "tiny-16A16B8H.yaml"
 
 
 def test_runs_record_a_timeline_and_plots_are_pngs(tmp_path: Path) -> None:
-    results = compare.run(Scenario.load(TINY), ["cadence", "sync"], {})
+    scenario = Scenario.load(TINY)
+    results = compare.run(scenario, ["cadence", "sync"], {}, trace=scenario.traced_sample())
     for r in results:
         assert len(r.timeline) == round(r.simulated_seconds)
         assert sum(s.tokens for s in r.timeline) == r.generated_tokens
@@ -20,6 +21,7 @@ def test_runs_record_a_timeline_and_plots_are_pngs(tmp_path: Path) -> None:
         "throughput_arc.png",
         "context_by_type_cadence.png",
         "context_by_type_sync.png",
+        "long_trajectory.png",
     }
     for p in paths:
         assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

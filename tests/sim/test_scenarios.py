@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+import random
 from pathlib import Path
 
 import pytest
@@ -36,3 +38,18 @@ def test_scenario_validates_and_deploys(path: Path) -> None:
     assert sim.workers
     need = scenario.max_model_len + scenario.scheduling.h_min + scenario.scheduling.delta
     assert all(w.deployment.kv_capacity_tokens >= need for w in sim.workers.values())
+
+
+def test_the_traced_sample_is_the_longest_single_turn_sample_of_the_second_batch() -> None:
+    scenario = Scenario.load(Path(__file__).parents[2] / "sim" / "scenarios" / "tiny-16A16B8H.yaml")
+    scenario = scenario.model_copy(
+        update={"workload": scenario.workload.model_copy(update={"multi_turn_share": 0.5})}
+    )
+    b = scenario.workload.prompts_per_batch
+    replay = scenario.groups_of_samples(random.Random(scenario.seed))
+    second = [s for group in itertools.islice(replay, 2 * b) for s in group if s.group >= b]
+    assert any(s.tool_calls for s in second)
+    traced = next(s for s in second if s.id == scenario.traced_sample())
+    assert not traced.tool_calls
+    assert traced.group // b == 1
+    assert traced.response_tokens == max(s.response_tokens for s in second if not s.tool_calls)
