@@ -272,7 +272,6 @@ class Simulation:
         if t.state == "fresh":
             del self._fresh[t.sample.id]
             t.version = w.version
-            t.first_step = self.now
             request.load_s = w.deployment.prefill_s(t.context)
         elif t.state == "pending":
             del self._pending[t.sample.id]
@@ -305,7 +304,13 @@ class Simulation:
 
     def _decode_until(self, until: float) -> None:
         for w in self.workers.values():
-            for stop in w.engine.run_until(until):
+            stops = w.engine.run_until(until)
+            for rid, at in w.engine.started:
+                t = self.trajectories[rid]
+                if t.first_step is None:  # placed, then waited in the engine's queue
+                    t.first_step = at
+            w.engine.started.clear()
+            for stop in stops:
                 t = self.trajectories[stop.request.id]
                 t.context = stop.request.context
                 t.generated = t.context - t.sample.prompt_tokens - t.observed
@@ -407,11 +412,13 @@ class Simulation:
                 self.trace.append(TracePoint(self.now, False, 0.0, t.sample.response_tokens))
             return
         if t.state == "running" and t.worker is not None:
-            residents = self.workers[t.worker].engine.residents()
-            total = sum(c for _, c in residents)
-            own = next(c for r, c in residents if r == rid)
+            engine = self.workers[t.worker].engine
+            if not engine.is_running(rid):  # queued behind the engine's batch limit
+                self.trace.append(TracePoint(self.now, False, 0.0, t.generated))
+                return
+            own = engine.context_of(rid)
             generated = own - t.sample.prompt_tokens - t.observed
-            self.trace.append(TracePoint(self.now, True, own / total, generated))
+            self.trace.append(TracePoint(self.now, True, own / engine.running_kv(), generated))
         else:
             self.trace.append(TracePoint(self.now, False, 0.0, t.generated))
 

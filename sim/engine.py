@@ -68,6 +68,9 @@ class Engine:
     _waiting: deque[Request] = field(default_factory=deque)
     _anchor_sum: int = 0  # sum over running of (anchor_context - anchor_step)
     _admitted: int = 0
+    # (id, time) of each request as it entered the batch, its prefill starting; the
+    # simulator drains it to date a trajectory's first inference step.
+    started: list[tuple[str, float]] = field(default_factory=list)
 
     # --- what the control plane observes -------------------------------------------
 
@@ -94,6 +97,10 @@ class Engine:
         ]
         out += [(w.id, w.context) for w in self._waiting]
         return out
+
+    def is_running(self, rid: str) -> bool:
+        """In the decoding batch, not waiting in the engine's queue."""
+        return rid in self._running
 
     @property
     def idle(self) -> bool:
@@ -141,6 +148,7 @@ class Engine:
             if self.running_kv() + request.context + len(self._running) + 1 > self.capacity:
                 self._waiting.appendleft(request)
                 break
+            self.started.append((request.id, self.time))
             self.time += request.load_s
             self.prefill_seconds += request.load_s
             request.load_s = 0.0

@@ -94,3 +94,20 @@ def test_the_traced_trajectory_is_followed_from_first_step_to_end(finished: Simu
     for point in trace:
         assert (0.0 < point.kv_share <= 1.0) if point.resident else point.kv_share == 0.0
     assert any(point.resident for point in trace)
+
+
+def test_latency_starts_at_the_first_inference_step_not_at_placement() -> None:
+    """A sample queued in its engine behind the batch limit is not yet in flight."""
+    scenario = Scenario.load(TINY)
+    scenario = scenario.model_copy(
+        update={"physics": scenario.physics.model_copy(update={"max_batch": 1})}
+    )
+    sim = Simulation(scenario, POLICIES["sync"]())
+    sim.step()  # admits
+    sim.step()  # places
+    placed = [t for t in sim.trajectories.values() if t.state != "fresh"]
+    waiting = [t for t in placed if t.first_step is None]
+    assert waiting, "every worker's batch holds one sample, so the others wait"
+    while not sim.finished:
+        sim.step()
+    assert all(t.first_step is not None and t.first_step > 0 for t in waiting)

@@ -115,3 +115,14 @@ def test_removed_request_carries_its_current_context() -> None:
     assert request.context == 500 + decoded
     assert request.to_go == 1000 - decoded
     assert engine.idle
+
+
+def test_a_request_queued_behind_the_batch_limit_starts_when_a_slot_frees() -> None:
+    engine = Engine(_deployment(100_000), max_batch=1)
+    engine.add(Request("first", context=100, to_go=50))
+    engine.add(Request("queued", context=100, to_go=50))
+    stops = engine.run_until(1e9)
+    started = dict(engine.started)
+    assert started["first"] == 0.0
+    assert started["queued"] == stops[0].time  # the moment "first" left the batch
+    assert not engine.is_running("queued")
