@@ -10,6 +10,7 @@ the next version. The run ends when exactly `iterations x B` groups have been co
 
 from __future__ import annotations
 
+import math
 import random
 import statistics
 from collections.abc import Callable, Sequence
@@ -128,6 +129,27 @@ class Result:
 def _percentile(values: Sequence[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def _slowest_tenth_share(done: Sequence[Trajectory], prompts_per_batch: int) -> float:
+    """The share of a batch's rollout time (first step to last completion) spent after
+    90% of its samples completed, averaged over batches: the workload's long tail as the
+    pool actually served it (the published target is about one half)."""
+    ends: dict[int, list[float]] = {}
+    starts: dict[int, float] = {}
+    for t in done:
+        if t.done_at is None or t.first_step is None:
+            continue
+        u = t.sample.group // prompts_per_batch
+        ends.setdefault(u, []).append(t.done_at)
+        starts[u] = min(starts.get(u, t.first_step), t.first_step)
+    shares = []
+    for u, times in ends.items():
+        times.sort()
+        end, tenth = times[-1], times[math.ceil(0.9 * len(times)) - 1]
+        if end > starts[u]:
+            shares.append((end - tenth) / (end - starts[u]))
+    return statistics.fmean(shares) if shares else 0.0
 
 
 class Simulation:
@@ -444,6 +466,11 @@ class Simulation:
             t.done_at - t.first_step for t in done if t.done_at and t.first_step is not None
         ]
         tokens = sum(w.engine.decoded_tokens for w in self.workers.values())
+        extras: dict[str, Any] = {
+            "slowest_tenth_time_share": _slowest_tenth_share(
+                done, self.scenario.workload.prompts_per_batch
+            )
+        }
         hours = self.now / 3600.0
         dollars = sum(w.price_per_hour for w in self.workers.values()) * hours
         return Result(
@@ -458,6 +485,7 @@ class Simulation:
             preemptions=sum(w.engine.preemptions for w in self.workers.values()),
             simulated_seconds=self.now,
             generated_tokens=tokens,
+            extras=extras,
             timeline=self.timeline,
             trace=self.trace,
         )

@@ -10,7 +10,7 @@ import pytest
 
 from cadence.operator.scheduler import CadencePolicy, StrandingError
 from cadence.operator.scheduler.registry import POLICIES
-from cadence.sim.core import Simulation
+from cadence.sim.core import Simulation, Trajectory, _slowest_tenth_share
 from cadence.sim.scenario import Scenario
 
 TINY = Path(__file__).parents[2] / "sim" / "scenarios" / "tiny-16A16B8H.yaml"
@@ -66,6 +66,7 @@ def test_result_reports_what_it_measured(finished: Simulation) -> None:
     assert result.trajectories == len(finished.trajectories)
     assert result.throughput_tok_s == pytest.approx(result.generated_tokens / finished.now)
     assert 0 < result.latency_p50_s <= result.latency_p95_s
+    assert 0 < result.extras["slowest_tenth_time_share"] < 1
 
 
 def test_a_pool_that_could_strand_a_trajectory_is_refused() -> None:
@@ -111,3 +112,15 @@ def test_latency_starts_at_the_first_inference_step_not_at_placement() -> None:
     while not sim.finished:
         sim.step()
     assert all(t.first_step is not None and t.first_step > 0 for t in waiting)
+
+
+def test_slowest_tenth_share_is_the_time_after_nine_in_ten_completed() -> None:
+    scenario = Scenario.load(TINY)  # any samples will do: only times matter here
+    groups = scenario.groups_of_samples(random.Random(0))
+    replay = [s for group in itertools.islice(groups, 10) for s in group]
+    batch = [
+        Trajectory(s, state="done", first_step=0.0, done_at=float(i + 1))
+        for i, s in enumerate(replay[:9])
+    ]
+    batch.append(Trajectory(replay[9], state="done", first_step=0.0, done_at=100.0))
+    assert _slowest_tenth_share(batch, prompts_per_batch=100) == pytest.approx(91 / 100)
