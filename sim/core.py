@@ -63,6 +63,7 @@ class Trajectory:
     pending_since: float = 0.0
     env_until: float = 0.0
     moves: int = 0
+    waited_s: float = 0.0  # pending and placeable, yet not placed (environment time excluded)
     evicted: bool = False  # its last departure was an eviction (its next placement a move)
     versions_spanned: int = 0  # AReaL-like only: weight switches it decoded across
 
@@ -150,6 +151,29 @@ def _slowest_tenth_share(done: Sequence[Trajectory], prompts_per_batch: int) -> 
         if end > starts[u]:
             shares.append((end - tenth) / (end - starts[u]))
     return statistics.fmean(shares) if shares else 0.0
+
+
+def _tail_anatomy(done: Sequence[Trajectory], prompts_per_batch: int) -> dict[str, Any]:
+    """Where the latency tail comes from: P95 per batch (the first batches start on an
+    empty pool), and the share of their latency the trajectories at or above the overall
+    P95 spent waiting for a placement."""
+    latency = {t.sample.id: t.done_at - t.first_step for t in done if t.done_at and t.first_step}
+    by_batch: dict[int, list[float]] = {}
+    for t in done:
+        if t.sample.id in latency:
+            by_batch.setdefault(t.sample.group // prompts_per_batch, []).append(
+                latency[t.sample.id]
+            )
+    p95 = _percentile(list(latency.values()), 0.95) if latency else 0.0
+    tail = [t for t in done if latency.get(t.sample.id, -1.0) >= p95 > 0]
+    return {
+        "latency_p95_by_batch_s": [
+            round(_percentile(by_batch[u], 0.95), 1) for u in sorted(by_batch)
+        ],
+        "tail_waiting_share": (
+            statistics.fmean(t.waited_s / latency[t.sample.id] for t in tail) if tail else 0.0
+        ),
+    }
 
 
 class Simulation:
@@ -297,6 +321,7 @@ class Simulation:
             request.load_s = w.deployment.prefill_s(t.context)
         elif t.state == "pending":
             del self._pending[t.sample.id]
+            t.waited_s += self.now - (t.pending_since if t.evicted else t.env_until)
             if t.version != w.version:
                 if not getattr(self.policy, "spans_versions", False):
                     raise AssertionError(f"{a.trajectory} of v{t.version} on v{w.version}")
@@ -466,10 +491,10 @@ class Simulation:
             t.done_at - t.first_step for t in done if t.done_at and t.first_step is not None
         ]
         tokens = sum(w.engine.decoded_tokens for w in self.workers.values())
+        b = self.scenario.workload.prompts_per_batch
         extras: dict[str, Any] = {
-            "slowest_tenth_time_share": _slowest_tenth_share(
-                done, self.scenario.workload.prompts_per_batch
-            )
+            "slowest_tenth_time_share": _slowest_tenth_share(done, b),
+            **_tail_anatomy(done, b),
         }
         hours = self.now / 3600.0
         dollars = sum(w.price_per_hour for w in self.workers.values()) * hours

@@ -67,6 +67,18 @@ def test_result_reports_what_it_measured(finished: Simulation) -> None:
     assert result.throughput_tok_s == pytest.approx(result.generated_tokens / finished.now)
     assert 0 < result.latency_p50_s <= result.latency_p95_s
     assert 0 < result.extras["slowest_tenth_time_share"] < 1
+    assert len(result.extras["latency_p95_by_batch_s"]) == finished.scenario.workload.iterations
+    assert 0 <= result.extras["tail_waiting_share"] < 1
+
+
+def test_waiting_is_counted_only_between_a_departure_and_the_next_placement(
+    finished: Simulation,
+) -> None:
+    for t in finished.trajectories.values():
+        assert t.done_at is not None and t.first_step is not None
+        assert 0 <= t.waited_s <= t.done_at - t.first_step
+        if t.moves == 0 and not t.sample.tool_calls:
+            assert t.waited_s == 0
 
 
 def test_a_pool_that_could_strand_a_trajectory_is_refused() -> None:
