@@ -89,6 +89,23 @@ def test_worst_fit_ablation_spreads_short_work() -> None:
     assert placed_on(actions) == {"short": "roomy"}
 
 
+def test_departed_work_goes_before_new_work_competing_for_the_same_gap() -> None:
+    """The cycle places P_v into the gaps before starting fresh samples, so a departed
+    trajectory does not wait behind a version's whole short end; the merged order (the
+    ablation) lets the shorter fresh samples take the gap first."""
+    w = make_worker("w", capacity=1000, residents=[500])  # H = 500
+    snap = make_snapshot(
+        [w],
+        pending=[make_pending("departed", 400)],
+        fresh=[make_fresh(f"f{i}", prompt=100) for i in range(4)],
+        admitted=1,
+        total_groups=1,
+    )
+    assert placed_on(plan(snap)[0]) == {"departed": "w", "f0": "w"}
+    merged, _ = CadencePolicy(fresh="merged").plan(snap, CadenceState())
+    assert placed_on(merged) == {f"f{i}": "w" for i in range(4)}
+
+
 def test_pending_resumes_only_on_its_own_version() -> None:
     old = make_worker("old", version=0, residents=[100])
     new = make_worker("new", version=1, residents=[900])
