@@ -435,9 +435,9 @@ class Simulation:
         kv: dict[str, int] = {}
         count: dict[str, int] = {}
         for w in self.workers.values():
-            residents = w.engine.residents()
-            kv[w.accelerator] = kv.get(w.accelerator, 0) + sum(c for _, c in residents)
-            count[w.accelerator] = count.get(w.accelerator, 0) + len(residents)
+            n, tokens = w.engine.assigned()
+            kv[w.accelerator] = kv.get(w.accelerator, 0) + tokens
+            count[w.accelerator] = count.get(w.accelerator, 0) + n
         self.timeline.append(
             PeriodSample(
                 self.now,

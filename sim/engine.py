@@ -68,6 +68,7 @@ class Engine:
     _waiting: deque[Request] = field(default_factory=deque)
     _anchor_sum: int = 0  # sum over running of (anchor_context - anchor_step)
     _admitted: int = 0
+    _waiting_kv: int = 0  # sum of the contexts in _waiting
     # (id, time) of each request as it entered the batch, its prefill starting; the
     # simulator drains it to date a trajectory's first inference step.
     started: list[tuple[str, float]] = field(default_factory=list)
@@ -98,6 +99,10 @@ class Engine:
         out += [(w.id, w.context) for w in self._waiting]
         return out
 
+    def assigned(self) -> tuple[int, int]:
+        """(requests, tokens of context) of everything assigned here, running or queued."""
+        return len(self._running) + len(self._waiting), self.running_kv() + self._waiting_kv
+
     def is_running(self, rid: str) -> bool:
         """In the decoding batch, not waiting in the engine's queue."""
         return rid in self._running
@@ -113,6 +118,7 @@ class Engine:
         if request.to_go < 1:
             raise ValueError(f"request {request.id} has nothing left to decode")
         self._waiting.append(request)
+        self._waiting_kv += request.context
 
     def remove(self, rid: str) -> Request:
         """An eviction: take the request out wherever it is, with its context current."""
@@ -124,6 +130,7 @@ class Engine:
         for i, w in enumerate(self._waiting):
             if w.id == rid:
                 del self._waiting[i]
+                self._waiting_kv -= w.context
                 return w
         raise KeyError(rid)
 
@@ -148,6 +155,7 @@ class Engine:
             if self.running_kv() + request.context + len(self._running) + 1 > self.capacity:
                 self._waiting.appendleft(request)
                 break
+            self._waiting_kv -= request.context
             self.started.append((request.id, self.time))
             self.time += request.load_s
             self.prefill_seconds += request.load_s
@@ -167,6 +175,7 @@ class Engine:
         request = self.remove(newest.request.id)
         request.load_s = self.deployment.prefill_s(request.context)  # recompute
         self._waiting.appendleft(request)
+        self._waiting_kv += request.context
         self.preemptions += 1
 
     def _time_of(self, k: int, n: int, kv: int) -> float:

@@ -24,6 +24,8 @@ def finished(request: pytest.FixtureRequest) -> Simulation:
         sim.step()
         for w in sim.workers.values():
             assert w.engine.running_kv() <= w.deployment.kv_capacity_tokens
+            residents = w.engine.residents()
+            assert w.engine.assigned() == (len(residents), sum(c for _, c in residents))
         assert sim.now < 1e5, "the run stalled"
     return sim
 
