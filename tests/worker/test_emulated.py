@@ -1,0 +1,143 @@
+"""The emulated engine keeps its accelerator's pace, and says when the host cannot."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+import pytest
+
+from cadence.sim.catalog import ACCELERATORS, MODELS
+from cadence.sim.physics import Deployment, deploy
+from cadence.worker.emulated import EmulatedEngine, EngineRequest, Pacer, RoomError, Sampled
+
+
+class FakeClock:
+    """Time moves only when the engine sleeps or a test says the host worked."""
+
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def now(self) -> float:
+        return self.t
+
+    async def sleep_until(self, deadline: float) -> None:
+        self.t = max(self.t, deadline)
+
+    def work(self, seconds: float) -> None:
+        self.t += seconds
+
+
+def _deployment(accelerator: str) -> Deployment:
+    return deploy(MODELS["Qwen3-32B"], ACCELERATORS[accelerator], 20_000)
+
+
+def _run_steps(pacer: Pacer, clock: FakeClock, steps: int, host_s: float) -> list[float]:
+    """Play `steps` decode steps of 64 residents with 64K tokens of KV; each step the
+    host spends `host_s` producing tokens. Returns the wall time each step took."""
+
+    async def play() -> list[float]:
+        took = []
+        for _ in range(steps):
+            start = clock.now()
+            pacer.begin(pacer.step_s(64, 65_536))
+            clock.work(host_s)
+            await pacer.finish()
+            took.append(clock.now() - start)
+        return took
+
+    return asyncio.run(play())
+
+
+def test_step_durations_stand_in_the_rooflines_ratio() -> None:
+    a910x, h800 = _deployment("A910X"), _deployment("H800")
+    durations = {}
+    for name, d in (("A910X", a910x), ("H800", h800)):
+        clock = FakeClock()
+        pacer = Pacer(d, clock, compression=10.0)
+        durations[name] = _run_steps(pacer, clock, 20, host_s=0.0001)
+        assert not pacer.fell_behind
+    expected = a910x.decode_step_s(64, 65_536) / h800.decode_step_s(64, 65_536)
+    assert expected != pytest.approx(1.0, abs=0.05)  # the two really differ
+    for a, h in zip(durations["A910X"], durations["H800"], strict=True):
+        assert a / h == pytest.approx(expected, rel=1e-9)
+    assert durations["H800"][0] == pytest.approx(h800.decode_step_s(64, 65_536) / 10.0)
+
+
+def test_a_host_too_slow_for_the_pace_is_reported_not_hidden() -> None:
+    clock = FakeClock()
+    pacer = Pacer(_deployment("H800"), clock)
+    step = pacer.step_s(64, 65_536)
+    assert 2 * step > pacer.slack_s
+    took = _run_steps(pacer, clock, 10, host_s=step * 3)
+    assert pacer.fell_behind
+    assert pacer.late_steps == 10
+    assert pacer.lag_s == pytest.approx(10 * 2 * step, rel=1e-6)
+    assert all(t == pytest.approx(step * 3) for t in took)  # no catching up by skipping
+
+
+def test_compression_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="positive"):
+        Pacer(_deployment("H800"), FakeClock(), compression=0.0)
+
+
+class CountingSource:
+    """A token source for engine tests: the next token is the context length, mod 1000."""
+
+    def next_tokens(self, batch: Sequence[Sequence[int]]) -> list[Sampled]:
+        return [Sampled(len(ids) % 1000, -0.5) for ids in batch]
+
+
+def _engine(clock: FakeClock, capacity: int = 1_000) -> EmulatedEngine:
+    d = _deployment("H800")
+    small = Deployment(d.model, d.accelerator, d.tp, capacity, d.efficiency)
+    return EmulatedEngine(small, CountingSource(), clock=clock)
+
+
+def test_requests_decode_to_their_budget_and_account_their_kv() -> None:
+    clock = FakeClock()
+    engine = _engine(clock)
+    engine.add(EngineRequest("a", [1] * 100, max_new_tokens=3))
+    engine.add(EngineRequest("b", [2] * 50, max_new_tokens=5))
+    assert engine.used_tokens() == 150
+
+    async def until_done() -> dict[str, list[int]]:
+        done = {}
+        while engine.requests:
+            for r in await engine.step():
+                done[r.id] = r.output.token_ids
+        return done
+
+    done = asyncio.run(until_done())
+    assert done == {"a": [100, 101, 102], "b": [50, 51, 52, 53, 54]}
+    assert engine.decoded_tokens == 8
+    assert engine.used_tokens() == 0
+
+
+def test_a_request_that_does_not_fit_is_refused_and_nothing_changes() -> None:
+    engine = _engine(FakeClock(), capacity=1_000)
+    engine.add(EngineRequest("a", [1] * 900, max_new_tokens=10))
+    with pytest.raises(RoomError, match="do not fit"):
+        engine.add(EngineRequest("b", [1] * 200, max_new_tokens=10))
+    assert list(engine.requests) == ["a"]
+
+
+def test_abort_keeps_exactly_the_tokens_generated_so_far() -> None:
+    engine = _engine(FakeClock())
+    engine.add(EngineRequest("a", [1] * 10, max_new_tokens=100))
+    for _ in range(4):
+        asyncio.run(engine.step())
+    stopped = engine.abort("a")
+    assert stopped.output.token_ids == [10, 11, 12, 13]
+    assert stopped.output.logprobs == [-0.5] * 4
+    assert engine.used_tokens() == 0
+
+
+def test_prefill_time_is_charged_before_the_first_decode_step() -> None:
+    clock = FakeClock()
+    engine = _engine(clock, capacity=100_000)
+    engine.add(EngineRequest("a", [1] * 4_000, max_new_tokens=1))
+    start = clock.now()
+    asyncio.run(engine.step())
+    expected = engine.pacer.prefill_s(4_000) + engine.pacer.step_s(1, 4_000)
+    assert clock.now() - start == pytest.approx(expected)

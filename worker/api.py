@@ -1,0 +1,192 @@
+"""The worker's HTTP API, version 1: the pydantic models the service validates with and
+the typed client sends, so both sides share one definition of every body.
+
+The control plane carries ids and lengths only (DESIGN.md, "Where token state lives"):
+an eviction answers with metadata, a placement of a departed trajectory names the worker
+that holds it parked, and the destination pulls the token state from there itself. Every
+placement carries an attempt number; a worker drops attempts older than the newest it has
+seen for a trajectory, and a parked state is claimed under a lease ("Fencing").
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal, Self
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+API_VERSION = "v1"
+# A body larger than this is refused before it is parsed (413).
+MAX_BODY_BYTES = 8 * 1024 * 1024
+
+TrajectoryId = Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9._:-]+$")]
+TokenIds = list[Annotated[int, Field(ge=0)]]
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Sampling(_Body):
+    """Sampling parameters for one trajectory; `seed` makes a sampled run repeatable."""
+
+    temperature: float = Field(default=1.0, ge=0.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    seed: int | None = None
+
+
+class FreshStart(_Body):
+    """A sample that has never decoded: its prompt and how to sample it."""
+
+    prompt_token_ids: TokenIds = Field(min_length=1)
+    sampling: Sampling = Sampling()
+    max_tokens: int = Field(ge=1)
+    max_tool_calls: int = Field(default=0, ge=0)
+
+
+class Source(_Body):
+    """Where a departed trajectory's state is parked: the worker to pull it from."""
+
+    worker_id: str = Field(min_length=1)
+    url: str = Field(min_length=1)
+
+
+class PlaceRequest(_Body):
+    """POST /v1/trajectories. Exactly one of `fresh` and `source`."""
+
+    id: TrajectoryId
+    attempt: int = Field(ge=0)
+    version: int = Field(ge=0)
+    fresh: FreshStart | None = None
+    source: Source | None = None
+
+    @model_validator(mode="after")
+    def _one_origin(self) -> Self:
+        if (self.fresh is None) == (self.source is None):
+            raise ValueError("give exactly one of 'fresh' (a new sample) and 'source'")
+        return self
+
+
+ResidentState = Literal["prefilling", "decoding"]
+ParkReason = Literal["evicted", "environment", "ready"]
+
+
+class ResidentInfo(_Body):
+    id: str
+    attempt: int
+    version: int
+    context: int  # tokens of KV: prompt + generated + observations
+    generated: int
+    decoded_since_placement: int
+    state: ResidentState
+
+
+class ParkedInfo(_Body):
+    """A departed trajectory whose token state this worker holds in host memory."""
+
+    id: str
+    attempt: int
+    version: int
+    context: int
+    reason: ParkReason  # evicted; waiting for its environment; observation appended
+    claimed_until: float | None = None  # a destination's lease, worker clock seconds
+
+
+class WorkerState(_Body):
+    """GET /v1/state: everything the control loop reads from one worker."""
+
+    worker_id: str
+    accelerator: str
+    affinity: int
+    engine: Literal["vllm", "emulated"]
+    version: int | None
+    kv_capacity_tokens: int
+    kv_used_tokens: int
+    headroom_tokens: int
+    residents: list[ResidentInfo]
+    parked: list[ParkedInfo]
+    draining: bool
+    fell_behind: bool = False  # an emulated engine that could not keep its pace
+
+
+class PlaceResponse(_Body):
+    id: str
+    attempt: int
+    version: int
+    context: int
+
+
+class EvictResponse(_Body):
+    """Metadata only: the tokens stay parked here until a destination claims them."""
+
+    id: str
+    attempt: int
+    version: int
+    context: int
+
+
+class Turn(_Body):
+    """One stretch of a trajectory: what the model generated, or an observation."""
+
+    role: Literal["model", "environment"]
+    token_ids: TokenIds
+    logprobs: list[float] | None = None  # per generated token; None for observations
+    version: int | None = None  # the policy version that generated a model turn
+
+
+class Timings(_Body):
+    admitted_at: float | None = None
+    first_step_at: float | None = None
+    pending_s: float = 0.0  # time spent departed, waiting for a placement
+
+
+class TrajectoryState(_Body):
+    """A parked trajectory's whole token state, as a destination pulls it."""
+
+    id: str
+    attempt: int
+    version: int
+    prompt_token_ids: TokenIds
+    turns: list[Turn]
+    sampling: Sampling
+    max_tokens: int
+    tool_calls_left: int
+    timings: Timings
+
+    @property
+    def context(self) -> int:
+        return len(self.prompt_token_ids) + sum(len(t.token_ids) for t in self.turns)
+
+    @property
+    def generated(self) -> int:
+        return sum(len(t.token_ids) for t in self.turns if t.role == "model")
+
+
+class ClaimRequest(_Body):
+    """POST /v1/parked/{id}/claim: a destination takes the state under a lease."""
+
+    attempt: int = Field(ge=0)
+    destination: str = Field(min_length=1)
+    lease_s: float = Field(default=30.0, gt=0, le=600)
+
+
+class ReleaseRequest(_Body):
+    """POST /v1/parked/{id}/release: the destination has started it; the source frees it."""
+
+    attempt: int = Field(ge=0)
+    destination: str = Field(min_length=1)
+
+
+class AdvanceRequest(_Body):
+    """POST /v1/advance: switch to `version`, loading its weights from `weights_uri` (the
+    trainer, a peer worker's /v1/weights/{version}, or a path) and checking `sha256`."""
+
+    version: int = Field(ge=0)
+    weights_uri: str = Field(min_length=1)
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+
+
+class Problem(_Body):
+    """Every 4xx/5xx body: one sentence a person can act on."""
+
+    error: str
+    reason: str

@@ -1,0 +1,224 @@
+"""The emulated engine: a first-class backend for machines without the accelerator a pool
+describes. It is never presented as vLLM: every state and metric names it `emulated`.
+
+Tokens come from a `TokenSource` (a small local model, so what it generates can be
+trained on); time comes from the simulator's roofline of the accelerator it emulates
+(`cadence.sim.physics.Deployment`), divided by a time-compression factor, and KV is
+accounted in tokens against that accelerator's capacity for the modelled model. So an
+emulated A910X and an emulated H800 holding the same batch take steps whose durations
+stand in the roofline's ratio, on one laptop.
+
+Pacing is honest: each step has a deadline (the previous one plus the modelled step
+time). When producing the tokens took longer than that, the engine does not stretch
+modelled time silently; it counts the lag and reports `fell_behind`, so a run on an
+overloaded host says so instead of distorting every latency it measures.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from cadence.sim.physics import Deployment
+
+
+class Clock(Protocol):
+    """Time as the engine sees it; tests inject a fake one."""
+
+    def now(self) -> float: ...
+
+    async def sleep_until(self, deadline: float) -> None: ...
+
+
+class MonotonicClock:
+    def now(self) -> float:
+        return time.monotonic()
+
+    async def sleep_until(self, deadline: float) -> None:
+        delay = deadline - time.monotonic()
+        if delay > 0:
+            await asyncio.sleep(delay)
+
+
+@dataclass(frozen=True, slots=True)
+class Sampled:
+    token: int
+    logprob: float
+
+
+class TokenSource(Protocol):
+    """Produces the next token of each sequence in a batch (token ids so far, in order)."""
+
+    def next_tokens(self, batch: Sequence[Sequence[int]]) -> list[Sampled]: ...
+
+
+@dataclass
+class Pacer:
+    """Deadlines for the steps of one emulated worker, and an account of lateness."""
+
+    deployment: Deployment
+    clock: Clock
+    compression: float = 1.0
+    # Lateness under this is scheduling noise, not falling behind.
+    slack_s: float = 0.005
+    deadline: float | None = None
+    late_steps: int = 0
+    lag_s: float = 0.0  # total time the host ran past its deadlines
+    steps: int = 0
+    scheduled_s: list[float] = field(default_factory=list)  # the last few step durations
+
+    def __post_init__(self) -> None:
+        if self.compression <= 0:
+            raise ValueError("time compression must be positive")
+
+    def step_s(self, batch: int, resident_tokens: int) -> float:
+        """Wall seconds one decode step of this batch takes on the emulated accelerator."""
+        return self.deployment.decode_step_s(batch, resident_tokens) / self.compression
+
+    def prefill_s(self, tokens: int) -> float:
+        return self.deployment.prefill_s(tokens) / self.compression
+
+    def begin(self, duration: float) -> float:
+        """Schedule the next step of `duration` seconds; returns its deadline."""
+        start = self.clock.now() if self.deadline is None else self.deadline
+        self.deadline = start + duration
+        self.steps += 1
+        self.scheduled_s.append(duration)
+        del self.scheduled_s[:-64]
+        return self.deadline
+
+    async def finish(self) -> None:
+        """Wait for the current step's deadline, or record that the host missed it."""
+        assert self.deadline is not None
+        late = self.clock.now() - self.deadline
+        if late > self.slack_s:
+            self.late_steps += 1
+            self.lag_s += late
+            self.deadline = self.clock.now()  # keep pace from here, not from the past
+            return
+        await self.clock.sleep_until(self.deadline)
+
+    def idle(self) -> None:
+        """No work: the next step starts when it is scheduled, not back-to-back."""
+        self.deadline = None
+
+    @property
+    def fell_behind(self) -> bool:
+        return self.late_steps > 0
+
+
+@dataclass
+class Generation:
+    """What a request has produced since it was added: tokens and their logprobs."""
+
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+
+
+@dataclass
+class EngineRequest:
+    """A sequence to decode: its whole context so far, and how many tokens to add."""
+
+    id: str
+    context_ids: list[int]
+    max_new_tokens: int
+    eos_token_id: int | None = None
+    output: Generation = field(default_factory=Generation)
+    prefilled: bool = False
+
+    @property
+    def context(self) -> int:
+        return len(self.context_ids) + len(self.output.token_ids)
+
+    @property
+    def done(self) -> bool:
+        out = self.output.token_ids
+        if len(out) >= self.max_new_tokens:
+            return True
+        return bool(out) and self.eos_token_id is not None and out[-1] == self.eos_token_id
+
+
+class RoomError(RuntimeError):
+    """The request's KV does not fit in what the engine has left."""
+
+
+class EmulatedEngine:
+    """Decodes with a `TokenSource`, paced and sized as the emulated accelerator.
+
+    `add` admits a request only when its context fits the capacity left (the control
+    loop's threshold keeps growth room; if residents outgrow the cache anyway, the newest
+    is stopped early, as vLLM would preempt it, and reported). `step` runs one decode
+    step of every resident and returns the requests that finished.
+    """
+
+    kind = "emulated"
+
+    def __init__(
+        self,
+        deployment: Deployment,
+        source: TokenSource,
+        *,
+        clock: Clock | None = None,
+        compression: float = 1.0,
+        max_batch: int = 256,
+    ) -> None:
+        self.deployment = deployment
+        self.source = source
+        self.clock = clock or MonotonicClock()
+        self.pacer = Pacer(deployment, self.clock, compression)
+        self.max_batch = max_batch
+        self.requests: dict[str, EngineRequest] = {}
+        self.decoded_tokens = 0
+        self.wake = asyncio.Event()
+
+    @property
+    def capacity_tokens(self) -> int:
+        return self.deployment.kv_capacity_tokens
+
+    def used_tokens(self) -> int:
+        return sum(r.context for r in self.requests.values())
+
+    def add(self, request: EngineRequest) -> None:
+        if request.id in self.requests:
+            raise ValueError(f"{request.id} is already resident")
+        if len(self.requests) >= self.max_batch:
+            raise RoomError(f"the batch is full ({self.max_batch} residents)")
+        if self.used_tokens() + request.context > self.capacity_tokens:
+            raise RoomError(
+                f"{request.context} tokens do not fit: {self.capacity_tokens - self.used_tokens()}"
+                " left"
+            )
+        self.requests[request.id] = request
+        self.wake.set()
+
+    def abort(self, rid: str) -> EngineRequest:
+        """Stop decoding `rid` and free its KV; the request keeps what it generated."""
+        return self.requests.pop(rid)
+
+    async def step(self) -> list[EngineRequest]:
+        """One engine step: prefill new arrivals (their time first), then decode one token
+        for every resident. Returns the requests that finished, removed."""
+        if not self.requests:
+            self.pacer.idle()
+            return []
+        fresh = [r for r in self.requests.values() if not r.prefilled]
+        if fresh:
+            self.pacer.begin(sum(self.pacer.prefill_s(r.context) for r in fresh))
+            for r in fresh:
+                r.prefilled = True
+            await self.pacer.finish()
+        batch = list(self.requests.values())
+        self.pacer.begin(self.pacer.step_s(len(batch), self.used_tokens()))
+        sampled = self.source.next_tokens([r.context_ids + r.output.token_ids for r in batch])
+        for r, s in zip(batch, sampled, strict=True):
+            r.output.token_ids.append(s.token)
+            r.output.logprobs.append(s.logprob)
+        self.decoded_tokens += len(batch)
+        await self.pacer.finish()
+        finished = [r for r in batch if r.done]
+        for r in finished:
+            del self.requests[r.id]
+        return finished
