@@ -1,0 +1,99 @@
+"""Worker factories: emulated engines with a deterministic token source and a fake clock,
+and pools of cores wired to each other directly (the HTTP hop left out)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from cadence.sim.catalog import ACCELERATORS, MODELS
+from cadence.sim.physics import Deployment, deploy
+from cadence.worker.api import (
+    ClaimRequest,
+    FreshStart,
+    PlaceRequest,
+    ReleaseRequest,
+    Source,
+    TrajectoryState,
+)
+from cadence.worker.core import Identity, WorkerCore
+from cadence.worker.emulated import EmulatedEngine, Sampled
+
+
+class FakeClock:
+    """Time moves only when the engine sleeps or a test says the host worked."""
+
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def now(self) -> float:
+        return self.t
+
+    async def sleep_until(self, deadline: float) -> None:
+        self.t = max(self.t, deadline)
+
+    def work(self, seconds: float) -> None:
+        self.t += seconds
+
+
+class CountingSource:
+    """Greedy and deterministic: the next token is a function of the whole context, so a
+    resumed trajectory continues exactly as an uninterrupted one would."""
+
+    def next_tokens(self, batch: Sequence[Sequence[int]]) -> list[Sampled]:
+        return [Sampled((sum(ids) * 31 + len(ids)) % 1000, -0.25) for ids in batch]
+
+
+def deployment(accelerator: str = "H800", capacity: int | None = None) -> Deployment:
+    d = deploy(MODELS["Qwen3-32B"], ACCELERATORS[accelerator], 20_000)
+    if capacity is None:
+        return d
+    return Deployment(d.model, d.accelerator, d.tp, capacity, d.efficiency)
+
+
+class Pool:
+    """Cores that reach each other by calling methods, as the service does over HTTP.
+    `down` names workers whose claim/release endpoints fail."""
+
+    def __init__(self, clock: FakeClock | None = None) -> None:
+        self.clock = clock or FakeClock()
+        self.cores: dict[str, WorkerCore] = {}
+        self.down: set[str] = set()
+
+    def add(self, wid: str, *, capacity: int = 100_000, version: int | None = 0) -> WorkerCore:
+        engine = EmulatedEngine(deployment(capacity=capacity), CountingSource(), clock=self.clock)
+        core = WorkerCore(
+            Identity(wid, "H800", 0), engine, self.clock, self._claim, self._release, version
+        )
+        self.cores[wid] = core
+        return core
+
+    def source(self, wid: str) -> Source:
+        return Source(worker_id=wid, url=f"http://{wid}")
+
+    async def _claim(self, source: Source, rid: str, req: ClaimRequest) -> TrajectoryState:
+        if source.worker_id in self.down:
+            raise ConnectionError(f"{source.worker_id} is down")
+        return self.cores[source.worker_id].claim(rid, req)
+
+    async def _release(self, source: Source, rid: str, req: ReleaseRequest) -> None:
+        if source.worker_id in self.down:
+            raise ConnectionError(f"{source.worker_id} is down")
+        self.cores[source.worker_id].release(rid, req)
+
+    def where_resident(self, rid: str) -> list[str]:
+        return [wid for wid, c in self.cores.items() if rid in c.resident]
+
+
+def fresh(
+    rid: str, *, attempt: int = 0, version: int = 0, prompt: int = 16, max_tokens: int = 40
+) -> PlaceRequest:
+    return PlaceRequest(
+        id=rid,
+        attempt=attempt,
+        version=version,
+        fresh=FreshStart(prompt_token_ids=list(range(1, prompt + 1)), max_tokens=max_tokens),
+    )
+
+
+def moved(rid: str, source: Source, *, attempt: int, version: int = 0) -> PlaceRequest:
+    return PlaceRequest(id=rid, attempt=attempt, version=version, source=source)

@@ -1,0 +1,155 @@
+"""A worker's trajectories: placement, departure, the two-phase hand-off and fencing."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+
+import pytest
+
+from cadence.worker.api import PlaceRequest, ReleaseRequest
+from cadence.worker.core import Refused, WorkerCore
+
+from .factories import Pool, fresh, moved
+
+
+def _steps(core: WorkerCore, n: int) -> None:
+    async def go() -> None:
+        for _ in range(n):
+            await core.step()
+
+    asyncio.run(go())
+
+
+def _finish(core: WorkerCore) -> list[int]:
+    async def go() -> list[int]:
+        while core.resident:
+            await core.step()
+        state = core.finished.pop()
+        return [t for turn in state.turns for t in turn.token_ids]
+
+    return asyncio.run(go())
+
+
+def _uninterrupted(max_tokens: int) -> list[int]:
+    pool = Pool()
+    a = pool.add("ref")
+    asyncio.run(a.place(fresh("t", max_tokens=max_tokens)))
+    return _finish(a)
+
+
+def test_a_trajectory_moved_three_times_yields_the_uninterrupted_tokens() -> None:
+    pool = Pool()
+    workers = [pool.add(w) for w in ("a", "b", "c", "d")]
+    asyncio.run(workers[0].place(fresh("t", max_tokens=40)))
+    for hop, (src, dst) in enumerate(itertools.pairwise(workers), start=1):
+        _steps(src, 7)
+        evicted = src.evict("t")
+        assert evicted.context == 16 + 7 * hop
+        assert pool.where_resident("t") == []
+        asyncio.run(dst.place(moved("t", pool.source(src.identity.worker_id), attempt=hop)))
+        assert pool.where_resident("t") == [dst.identity.worker_id]
+        assert "t" not in src.parked  # released after the destination acknowledged
+    tokens = _finish(workers[-1])
+    assert tokens == _uninterrupted(40)
+    state = workers[-1].state()
+    assert state.residents == [] and state.kv_used_tokens == 0
+
+
+def test_state_reports_residents_and_parked_with_their_lengths() -> None:
+    pool = Pool()
+    a = pool.add("a", capacity=1_000)
+    asyncio.run(a.place(fresh("x", prompt=100)))
+    asyncio.run(a.place(fresh("y", prompt=50)))
+    _steps(a, 3)
+    a.evict("y")
+    state = a.state()
+    assert [(r.id, r.context, r.decoded_since_placement) for r in state.residents] == [
+        ("x", 103, 3)
+    ]
+    assert [(p.id, p.context, p.reason) for p in state.parked] == [("y", 53, "evicted")]
+    assert state.kv_used_tokens == 103 and state.headroom_tokens == 897
+    assert state.engine == "emulated"
+
+
+@pytest.mark.parametrize(
+    ("request_", "reason"),
+    [
+        (fresh("t", version=1), "version"),
+        (fresh("t", prompt=2_000), "no_room"),
+    ],
+)
+def test_refused_placements_say_why_and_change_nothing(request_: PlaceRequest, reason: str) -> None:
+    pool = Pool()
+    a = pool.add("a", capacity=1_000)
+    with pytest.raises(Refused) as e:
+        asyncio.run(a.place(request_))
+    assert (e.value.status, e.value.reason) == (409, reason)
+    assert a.resident == {} and a.engine.used_tokens() == 0
+
+
+def test_a_retried_placement_is_idempotent_and_an_older_attempt_is_refused() -> None:
+    pool = Pool()
+    a = pool.add("a")
+    first = asyncio.run(a.place(fresh("t", attempt=3)))
+    assert asyncio.run(a.place(fresh("t", attempt=3))) == first
+    assert len(a.engine.requests) == 1
+    a.evict("t")
+    with pytest.raises(Refused, match="older") as e:
+        asyncio.run(a.place(fresh("t", attempt=2)))
+    assert e.value.reason == "stale_attempt"
+
+
+def test_a_destination_that_cannot_start_leaves_the_state_parked_on_the_source() -> None:
+    pool = Pool()
+    a, small = pool.add("a"), pool.add("small", capacity=20)
+    asyncio.run(a.place(fresh("t")))
+    _steps(a, 10)
+    a.evict("t")
+    with pytest.raises(Refused, match="do not fit"):
+        asyncio.run(small.place(moved("t", pool.source("a"), attempt=1)))
+    assert "t" in a.parked and pool.where_resident("t") == []
+    b = pool.add("b")
+    asyncio.run(b.place(moved("t", pool.source("a"), attempt=2)))  # a later placement
+    assert pool.where_resident("t") == ["b"] and "t" not in a.parked
+
+
+def test_an_unacknowledged_hand_off_keeps_the_claim_and_never_runs_twice() -> None:
+    pool = Pool()
+    a, b, c = pool.add("a"), pool.add("b"), pool.add("c")
+    asyncio.run(a.place(fresh("t")))
+    _steps(a, 5)
+    a.evict("t")
+    real_release = b.release_at
+
+    async def lost_ack(*args: object) -> None:
+        raise ConnectionError("the acknowledgement was lost")
+
+    b.release_at = lost_ack
+    asyncio.run(b.place(moved("t", pool.source("a"), attempt=1)))
+    assert pool.where_resident("t") == ["b"]
+    assert a.parked["t"].lease is not None and a.parked["t"].lease[:2] == ("b", 1)
+    # b is declared lost; the control loop places attempt 2 on c, which supersedes b's
+    # claim. b's late acknowledgement is refused, and b stops its stale copy.
+    asyncio.run(c.place(moved("t", pool.source("a"), attempt=2)))
+    b.release_at = real_release
+    asyncio.run(b.retry_releases())
+    assert pool.where_resident("t") == ["c"]
+    assert b.unreleased == {}
+    with pytest.raises(Refused, match="not claimed"):
+        a.release("t", ReleaseRequest(attempt=1, destination="b"))
+    a.release("t", ReleaseRequest(attempt=2, destination="c"))  # c's, repeated: answered
+
+
+def test_drain_departs_every_resident_and_refuses_new_work() -> None:
+    pool = Pool()
+    a = pool.add("a")
+    for rid in ("x", "y"):
+        asyncio.run(a.place(fresh(rid)))
+    _steps(a, 2)
+    departed = a.drain()
+    assert sorted(d.id for d in departed) == ["x", "y"]
+    assert a.resident == {} and set(a.parked) == {"x", "y"}
+    with pytest.raises(Refused) as e:
+        asyncio.run(a.place(fresh("z")))
+    assert e.value.reason == "draining"

@@ -1,0 +1,354 @@
+"""One worker's trajectories: what is resident, what is parked, and the rules between.
+
+This is the worker without HTTP: the service (`app.py`) maps each endpoint onto one
+method here, and tests drive it directly with a fake clock and an emulated engine.
+
+Rules kept here (DESIGN.md, "Where token state lives" and "Fencing"):
+- a trajectory is resident on at most one worker: a destination pulls a departed
+  trajectory's state from the worker it is parked on under a lease, starts it, then
+  acknowledges, and only then does the source release it; a destination that dies before
+  acknowledging leaves the state parked for another placement;
+- attempts fence: every placement carries an attempt number, a worker refuses an attempt
+  older than the newest it has seen for that trajectory, and a claim by a newer attempt
+  supersedes an older claim's lease;
+- the worker serves one policy version and advances only when nothing is resident.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from cadence.worker.api import (
+    ClaimRequest,
+    EvictResponse,
+    ParkedInfo,
+    ParkReason,
+    PlaceRequest,
+    PlaceResponse,
+    ReleaseRequest,
+    ResidentInfo,
+    Sampling,
+    Source,
+    Timings,
+    TrajectoryState,
+    Turn,
+    WorkerState,
+)
+from cadence.worker.emulated import Clock, EmulatedEngine, EngineRequest, RoomError
+
+
+class Refused(Exception):
+    """A request this worker will not carry out; `status` is the HTTP status to answer."""
+
+    def __init__(self, status: int, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.reason = reason
+
+
+@dataclass(frozen=True, slots=True)
+class Identity:
+    worker_id: str
+    accelerator: str
+    affinity: int
+
+
+@dataclass
+class Held:
+    """A trajectory's token state while this worker holds it, resident or parked."""
+
+    id: str
+    attempt: int
+    version: int
+    prompt_token_ids: list[int]
+    turns: list[Turn]
+    sampling: Sampling
+    max_tokens: int
+    tool_calls_left: int
+    timings: Timings
+    generated_at_placement: int = 0
+    reason: ParkReason = "evicted"
+    parked_since: float | None = None
+    lease: tuple[str, int, float] | None = None  # (destination, attempt, until)
+
+    @property
+    def context_ids(self) -> list[int]:
+        ids = list(self.prompt_token_ids)
+        for turn in self.turns:
+            ids += turn.token_ids
+        return ids
+
+    @property
+    def generated(self) -> int:
+        return sum(len(t.token_ids) for t in self.turns if t.role == "model")
+
+    def to_state(self) -> TrajectoryState:
+        return TrajectoryState(
+            id=self.id,
+            attempt=self.attempt,
+            version=self.version,
+            prompt_token_ids=self.prompt_token_ids,
+            turns=self.turns,
+            sampling=self.sampling,
+            max_tokens=self.max_tokens,
+            tool_calls_left=self.tool_calls_left,
+            timings=self.timings,
+        )
+
+    @staticmethod
+    def of(state: TrajectoryState, attempt: int) -> Held:
+        return Held(
+            state.id,
+            attempt,
+            state.version,
+            list(state.prompt_token_ids),
+            list(state.turns),
+            state.sampling,
+            state.max_tokens,
+            state.tool_calls_left,
+            state.timings,
+            generated_at_placement=state.generated,
+        )
+
+
+# How a destination reaches the worker a trajectory is parked on (HTTP in the service,
+# a direct call in tests).
+Claim = Callable[[Source, str, ClaimRequest], Awaitable[TrajectoryState]]
+Release = Callable[[Source, str, ReleaseRequest], Awaitable[None]]
+
+
+@dataclass
+class WorkerCore:
+    identity: Identity
+    engine: EmulatedEngine
+    clock: Clock
+    claim_from: Claim
+    release_at: Release
+    version: int | None = None
+    draining: bool = False
+    resident: dict[str, Held] = field(default_factory=dict)
+    parked: dict[str, Held] = field(default_factory=dict)
+    newest_attempt: dict[str, int] = field(default_factory=dict)
+    finished: collections.deque[TrajectoryState] = field(default_factory=collections.deque)
+    unreleased: dict[str, tuple[Source, ReleaseRequest]] = field(default_factory=dict)
+    # Who took each trajectory released from here, so a repeated acknowledgement is
+    # answered and a superseded one refused.
+    handed_off: dict[str, tuple[str, int]] = field(default_factory=dict)
+
+    # --- observation -----------------------------------------------------------------
+
+    def state(self) -> WorkerState:
+        used = self.engine.used_tokens()
+        capacity = self.engine.capacity_tokens
+        residents = []
+        for h in self.resident.values():
+            request = self.engine.requests.get(h.id)
+            new = len(request.output.token_ids) if request else 0
+            generated = h.generated + new
+            residents.append(
+                ResidentInfo(
+                    id=h.id,
+                    attempt=h.attempt,
+                    version=h.version,
+                    context=len(h.context_ids) + new,
+                    generated=generated,
+                    decoded_since_placement=generated - h.generated_at_placement,
+                    state="decoding" if request is not None and request.prefilled else "prefilling",
+                )
+            )
+        parked = [
+            ParkedInfo(
+                id=h.id,
+                attempt=h.attempt,
+                version=h.version,
+                context=len(h.context_ids),
+                reason=h.reason,
+                claimed_until=h.lease[2] if h.lease else None,
+            )
+            for h in self.parked.values()
+        ]
+        return WorkerState(
+            worker_id=self.identity.worker_id,
+            accelerator=self.identity.accelerator,
+            affinity=self.identity.affinity,
+            engine="emulated",
+            version=self.version,
+            kv_capacity_tokens=capacity,
+            kv_used_tokens=used,
+            headroom_tokens=capacity - used,
+            residents=residents,
+            parked=parked,
+            draining=self.draining,
+            fell_behind=self.engine.pacer.fell_behind,
+        )
+
+    # --- placement ---------------------------------------------------------------------
+
+    def _fence(self, rid: str, attempt: int) -> None:
+        seen = self.newest_attempt.get(rid, -1)
+        if attempt < seen:
+            raise Refused(409, "stale_attempt", f"attempt {attempt} of {rid} is older than {seen}")
+        self.newest_attempt[rid] = attempt
+
+    async def place(self, req: PlaceRequest) -> PlaceResponse:
+        """Start a trajectory here: a fresh sample, or a departed one pulled from its source."""
+        held = self.resident.get(req.id)
+        if held is not None and held.attempt == req.attempt:  # a retried request
+            return self._placed(held)
+        if self.draining:
+            raise Refused(409, "draining", f"worker {self.identity.worker_id} is draining")
+        if self.version != req.version:
+            raise Refused(
+                409,
+                "version",
+                f"{req.id} is for version {req.version}; this worker serves {self.version}",
+            )
+        self._fence(req.id, req.attempt)
+        if held is not None:
+            raise Refused(409, "resident", f"{req.id} is resident here under another attempt")
+        if req.fresh is not None:
+            f = req.fresh
+            held = Held(
+                req.id,
+                req.attempt,
+                req.version,
+                list(f.prompt_token_ids),
+                [],
+                f.sampling,
+                f.max_tokens,
+                f.max_tool_calls,
+                Timings(first_step_at=self.clock.now()),
+            )
+            self._start(held)
+            return self._placed(held)
+        assert req.source is not None
+        if req.source.worker_id == self.identity.worker_id:
+            held = self.parked.get(req.id)
+            if held is None:
+                raise Refused(404, "not_parked", f"{req.id} is not parked here")
+            held.attempt = req.attempt
+            self._start(held)
+            del self.parked[req.id]
+            return self._placed(held)
+        claim = ClaimRequest(attempt=req.attempt, destination=self.identity.worker_id)
+        state = await self.claim_from(req.source, req.id, claim)
+        if state.version != req.version:
+            raise Refused(409, "version", f"{req.id} was generated under version {state.version}")
+        held = Held.of(state, req.attempt)
+        self._start(held)  # on failure nothing is released: the state stays parked there
+        release = ReleaseRequest(attempt=req.attempt, destination=self.identity.worker_id)
+        self.unreleased[req.id] = (req.source, release)
+        await self.retry_releases()
+        return self._placed(held)
+
+    async def retry_releases(self) -> None:
+        """Acknowledge hand-offs to their sources. A failed acknowledgement is kept and
+        retried: the trajectory runs here meanwhile, and its source keeps the state
+        parked under this worker's claim, so nobody else can start it."""
+        for rid, (source, release) in list(self.unreleased.items()):
+            try:
+                await self.release_at(source, rid, release)
+            except Refused as e:
+                if e.reason != "not_claimed":
+                    continue
+                # A newer attempt claimed it meanwhile: this copy is stale, stop it.
+                held = self.resident.get(rid)
+                if held is not None and held.attempt == release.attempt:
+                    del self.resident[rid]
+                    self.engine.abort(rid)
+            except Exception:  # the source is unreachable for now
+                continue
+            self.unreleased.pop(rid, None)
+
+    def _start(self, held: Held) -> None:
+        budget = held.max_tokens - held.generated
+        if budget < 1:
+            raise Refused(409, "finished", f"{held.id} has no tokens left to generate")
+        try:
+            self.engine.add(EngineRequest(held.id, held.context_ids, budget))
+        except RoomError as e:
+            raise Refused(409, "no_room", str(e)) from None
+        held.generated_at_placement = held.generated
+        held.lease = None
+        held.parked_since = None
+        self.resident[held.id] = held
+
+    def _placed(self, held: Held) -> PlaceResponse:
+        return PlaceResponse(
+            id=held.id, attempt=held.attempt, version=held.version, context=len(held.context_ids)
+        )
+
+    # --- departure ---------------------------------------------------------------------
+
+    def evict(self, rid: str) -> EvictResponse:
+        """Stop decoding `rid`, free its KV, keep its tokens parked here."""
+        held = self.resident.pop(rid, None)
+        if held is None:
+            raise Refused(404, "not_resident", f"{rid} is not resident here")
+        self._absorb(held, self.engine.abort(rid))
+        held.reason, held.parked_since = "evicted", self.clock.now()
+        self.parked[rid] = held
+        return EvictResponse(
+            id=rid, attempt=held.attempt, version=held.version, context=len(held.context_ids)
+        )
+
+    def _absorb(self, held: Held, request: EngineRequest) -> None:
+        out = request.output
+        if out.token_ids:
+            held.turns.append(
+                Turn(
+                    role="model",
+                    token_ids=list(out.token_ids),
+                    logprobs=list(out.logprobs),
+                    version=held.version,
+                )
+            )
+
+    def claim(self, rid: str, req: ClaimRequest) -> TrajectoryState:
+        """A destination takes a parked state under a lease (it is not released yet)."""
+        held = self.parked.get(rid)
+        if held is None:
+            raise Refused(404, "not_parked", f"{rid} is not parked here")
+        if held.reason == "environment":
+            raise Refused(409, "environment", f"{rid} is waiting for its environment")
+        if held.lease is not None:
+            destination, attempt, _ = held.lease
+            if req.attempt == attempt and req.destination != destination:
+                raise Refused(409, "claimed", f"attempt {attempt} of {rid} is {destination}'s")
+        # A newer attempt supersedes an older claim (its destination is presumed lost); an
+        # older one is refused here. The lease's end tells the control loop how long an
+        # unacknowledged hand-off may stay in flight.
+        self._fence(rid, req.attempt)
+        held.lease = (req.destination, req.attempt, self.clock.now() + req.lease_s)
+        return held.to_state()
+
+    def release(self, rid: str, req: ReleaseRequest) -> None:
+        """The destination acknowledged: forget the parked state it claimed."""
+        held = self.parked.get(rid)
+        claimant = (req.destination, req.attempt)
+        if held is None and self.handed_off.get(rid) == claimant:
+            return  # a repeated acknowledgement
+        if held is None or held.lease is None or held.lease[:2] != claimant:
+            raise Refused(409, "not_claimed", f"{rid} is not claimed by {req.destination}")
+        del self.parked[rid]
+        self.handed_off[rid] = claimant
+
+    def drain(self) -> list[EvictResponse]:
+        """Accept nothing more and depart every resident."""
+        self.draining = True
+        return [self.evict(rid) for rid in list(self.resident)]
+
+    # --- decoding ------------------------------------------------------------------------
+
+    async def step(self) -> list[TrajectoryState]:
+        """One engine step; finished trajectories leave for the outbox."""
+        done = []
+        for request in await self.engine.step():
+            held = self.resident.pop(request.id)
+            self._absorb(held, request)
+            state = held.to_state()
+            self.finished.append(state)
+            done.append(state)
+        return done
