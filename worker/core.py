@@ -136,6 +136,7 @@ class WorkerCore:
     # Who took each trajectory released from here, so a repeated acknowledgement is
     # answered and a superseded one refused.
     handed_off: dict[str, tuple[str, int]] = field(default_factory=dict)
+    counts: collections.Counter[str] = field(default_factory=collections.Counter)
 
     # --- observation -----------------------------------------------------------------
 
@@ -274,6 +275,7 @@ class WorkerCore:
         held.lease = None
         held.parked_since = None
         self.resident[held.id] = held
+        self.counts["placements"] += 1
 
     def _placed(self, held: Held) -> PlaceResponse:
         return PlaceResponse(
@@ -290,6 +292,7 @@ class WorkerCore:
         self._absorb(held, self.engine.abort(rid))
         held.reason, held.parked_since = "evicted", self.clock.now()
         self.parked[rid] = held
+        self.counts["departures"] += 1
         return EvictResponse(
             id=rid, attempt=held.attempt, version=held.version, context=len(held.context_ids)
         )
@@ -351,4 +354,5 @@ class WorkerCore:
             state = held.to_state()
             self.finished.append(state)
             done.append(state)
+            self.counts["finished"] += 1
         return done

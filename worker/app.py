@@ -1,0 +1,171 @@
+"""The worker's HTTP service: each endpoint of API v1 mapped onto `WorkerCore`.
+
+Every control endpoint needs the bearer token (from a file or an environment variable,
+as a Kubernetes Secret gives it); `/metrics`, `/healthz` and `/readyz` are open. Bodies
+are validated by the models in `api.py`; an oversized body is refused before it is
+parsed (413), a malformed one gets 422, and every refusal is a `Problem` with one
+sentence in it. The decode loop runs as a background task for the app's lifetime.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+
+from fastapi import Depends, FastAPI, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from cadence.worker.api import (
+    MAX_BODY_BYTES,
+    ClaimRequest,
+    EvictResponse,
+    PlaceRequest,
+    PlaceResponse,
+    Problem,
+    ReleaseRequest,
+    TrajectoryState,
+    WorkerState,
+)
+from cadence.worker.core import Refused, WorkerCore
+
+
+def _problem(status: int, reason: str, message: str) -> JSONResponse:
+    return JSONResponse(Problem(error=message, reason=reason).model_dump(), status_code=status)
+
+
+class _CoreCollector(Collector):
+    """Prometheus metrics read from the core at scrape time, so they are never stale."""
+
+    def __init__(self, core: WorkerCore) -> None:
+        self.core = core
+
+    def collect(self) -> Iterable[Metric]:
+        core, engine = self.core, self.core.engine
+        labels = ["worker", "accelerator", "engine"]
+        values = [core.identity.worker_id, core.identity.accelerator, engine.kind]
+
+        def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+            g = GaugeMetricFamily(f"cadence_worker_{name}", doc, labels=labels)
+            g.add_metric(values, value)
+            return g
+
+        def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+            c = CounterMetricFamily(f"cadence_worker_{name}", doc, labels=labels)
+            c.add_metric(values, value)
+            return c
+
+        used = engine.used_tokens()
+        yield gauge("residents", "Trajectories resident (decoding).", len(core.resident))
+        yield gauge("parked", "Departed trajectories parked in host memory.", len(core.parked))
+        yield gauge("kv_used_tokens", "KV cache in use, tokens.", used)
+        yield gauge("kv_capacity_tokens", "KV cache capacity, tokens.", engine.capacity_tokens)
+        yield gauge("headroom_tokens", "KV capacity minus use.", engine.capacity_tokens - used)
+        yield gauge("version", "Policy version served (-1: none yet).", core.version or -1)
+        yield gauge("fell_behind", "1 if the emulated pace was missed.", engine.pacer.fell_behind)
+        yield counter("decoded_tokens", "Tokens decoded.", engine.decoded_tokens)
+        yield counter("placements", "Trajectories placed here.", core.counts["placements"])
+        yield counter("departures", "Trajectories departed from here.", core.counts["departures"])
+        yield counter("finished", "Trajectories finished here.", core.counts["finished"])
+
+
+async def _decode_forever(core: WorkerCore) -> None:
+    while True:
+        if not core.resident:
+            core.engine.wake.clear()
+            await core.engine.wake.wait()
+        await core.step()
+        await asyncio.sleep(0)  # let requests in between steps
+
+
+def create_app(core: WorkerCore, token: str, *, run_decode_loop: bool = True) -> FastAPI:
+    if not token:
+        raise ValueError("the worker needs a bearer token")
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        task = asyncio.create_task(_decode_forever(core)) if run_decode_loop else None
+        yield
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    app = FastAPI(title="Cadence rollout worker", version="v1", lifespan=lifespan)
+    registry = CollectorRegistry()
+    registry.register(_CoreCollector(core))
+
+    @app.middleware("http")
+    async def limit_body(
+        request: Request, call_next: Callable[[Request], Awaitable[Response]]
+    ) -> Response:
+        length = request.headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > MAX_BODY_BYTES:
+            return _problem(413, "too_large", f"the body exceeds {MAX_BODY_BYTES} bytes")
+        if length is None and request.method == "POST":
+            body = await request.body()
+            if len(body) > MAX_BODY_BYTES:
+                return _problem(413, "too_large", f"the body exceeds {MAX_BODY_BYTES} bytes")
+        return await call_next(request)
+
+    @app.exception_handler(Refused)
+    async def refused(_: Request, e: Refused) -> JSONResponse:
+        return _problem(e.status, e.reason, str(e))
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_: Request, e: RequestValidationError) -> JSONResponse:
+        first = e.errors()[0] if e.errors() else {"loc": (), "msg": "invalid body"}
+        where = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or "body"
+        return _problem(422, "invalid", f"{where}: {first.get('msg', 'invalid')}")
+
+    def authorised(request: Request) -> None:
+        given = request.headers.get("authorization", "")
+        if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+            raise Refused(401, "unauthorised", "a valid bearer token is required")
+
+    guarded = [Depends(authorised)]
+
+    @app.get("/v1/state", dependencies=guarded)
+    async def state() -> WorkerState:
+        return core.state()
+
+    @app.post("/v1/trajectories", dependencies=guarded)
+    async def place(body: PlaceRequest) -> PlaceResponse:
+        return await core.place(body)
+
+    @app.post("/v1/trajectories/{rid}/evict", dependencies=guarded)
+    async def evict(rid: str) -> EvictResponse:
+        return core.evict(rid)
+
+    @app.post("/v1/parked/{rid}/claim", dependencies=guarded)
+    async def claim(rid: str, body: ClaimRequest) -> TrajectoryState:
+        return core.claim(rid, body)
+
+    @app.post("/v1/parked/{rid}/release", dependencies=guarded, status_code=204)
+    async def release(rid: str, body: ReleaseRequest) -> None:
+        core.release(rid, body)
+
+    @app.post("/v1/drain", dependencies=guarded)
+    async def drain() -> list[EvictResponse]:
+        return core.drain()
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(generate_latest(registry), media_type="text/plain; version=0.0.4")
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/readyz")
+    async def readyz() -> JSONResponse:
+        if core.draining:
+            return _problem(503, "draining", "the worker is draining")
+        return JSONResponse({"status": "ready"})
+
+    return app

@@ -1,0 +1,117 @@
+"""A typed async client for the worker API (the control loop's and peers' side).
+
+Every method sends and returns the models in `api.py`; any answer other than success
+raises `WorkerError` carrying the worker's status, reason and sentence.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+from pydantic import BaseModel, TypeAdapter
+
+from cadence.worker.api import (
+    ClaimRequest,
+    EvictResponse,
+    PlaceRequest,
+    PlaceResponse,
+    Problem,
+    ReleaseRequest,
+    Source,
+    TrajectoryState,
+    WorkerState,
+)
+from cadence.worker.core import Refused
+
+
+class WorkerError(Exception):
+    def __init__(self, status: int, reason: str, message: str) -> None:
+        super().__init__(f"{status} {reason}: {message}")
+        self.status = status
+        self.reason = reason
+        self.message = message
+
+
+class WorkerClient:
+    def __init__(
+        self,
+        url: str,
+        token: str,
+        *,
+        timeout_s: float = 5.0,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self.http = httpx.AsyncClient(
+            base_url=url,
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=timeout_s,
+            transport=transport,
+        )
+
+    async def aclose(self) -> None:
+        await self.http.aclose()
+
+    async def _call(self, method: str, path: str, body: BaseModel | None = None) -> Any:
+        content = body.model_dump_json() if body is not None else None
+        headers = {"content-type": "application/json"} if body is not None else None
+        response = await self.http.request(method, path, content=content, headers=headers)
+        if response.is_success:
+            return response.json() if response.content else None
+        try:
+            problem = Problem.model_validate_json(response.content)
+        except ValueError:
+            problem = Problem(error=response.text[:200] or response.reason_phrase, reason="http")
+        raise WorkerError(response.status_code, problem.reason, problem.error)
+
+    async def state(self) -> WorkerState:
+        return WorkerState.model_validate(await self._call("GET", "/v1/state"))
+
+    async def place(self, req: PlaceRequest) -> PlaceResponse:
+        return PlaceResponse.model_validate(await self._call("POST", "/v1/trajectories", req))
+
+    async def evict(self, rid: str) -> EvictResponse:
+        return EvictResponse.model_validate(
+            await self._call("POST", f"/v1/trajectories/{rid}/evict")
+        )
+
+    async def claim(self, rid: str, req: ClaimRequest) -> TrajectoryState:
+        return TrajectoryState.model_validate(
+            await self._call("POST", f"/v1/parked/{rid}/claim", req)
+        )
+
+    async def release(self, rid: str, req: ReleaseRequest) -> None:
+        await self._call("POST", f"/v1/parked/{rid}/release", req)
+
+    async def drain(self) -> list[EvictResponse]:
+        return _EVICTED.validate_python(await self._call("POST", "/v1/drain"))
+
+
+_EVICTED = TypeAdapter(list[EvictResponse])
+
+
+class Peers:
+    """How a worker reaches the worker a trajectory is parked on: over HTTP with the
+    pool's token. A peer's refusal becomes this worker's refusal, with its reason."""
+
+    def __init__(self, token: str, transport: httpx.AsyncBaseTransport | None = None) -> None:
+        self.token = token
+        self.transport = transport
+
+    async def claim(self, source: Source, rid: str, req: ClaimRequest) -> TrajectoryState:
+        client = WorkerClient(source.url, self.token, transport=self.transport)
+        try:
+            return await client.claim(rid, req)
+        except WorkerError as e:
+            raise Refused(409 if e.status < 500 else 502, e.reason, e.message) from None
+        finally:
+            await client.aclose()
+
+    async def release(self, source: Source, rid: str, req: ReleaseRequest) -> None:
+        client = WorkerClient(source.url, self.token, transport=self.transport)
+        try:
+            await client.release(rid, req)
+        except WorkerError as e:
+            raise Refused(409 if e.status < 500 else 502, e.reason, e.message) from None
+        finally:
+            await client.aclose()
