@@ -268,7 +268,7 @@ class WorkerCore:
         if budget < 1:
             raise Refused(409, "finished", f"{held.id} has no tokens left to generate")
         try:
-            self.engine.add(EngineRequest(held.id, held.context_ids, budget))
+            self.engine.add(EngineRequest(held.id, held.context_ids, budget, held.sampling))
         except RoomError as e:
             raise Refused(409, "no_room", str(e)) from None
         held.generated_at_placement = held.generated

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from cadence.sim.physics import Deployment
+from cadence.worker.api import Sampling
 
 
 class Clock(Protocol):
@@ -50,9 +51,12 @@ class Sampled:
 
 
 class TokenSource(Protocol):
-    """Produces the next token of each sequence in a batch (token ids so far, in order)."""
+    """Produces the next token of each request in a batch. It may cache per request id;
+    `forget` tells it a request left (finished, evicted), so its cache can go."""
 
-    def next_tokens(self, batch: Sequence[Sequence[int]]) -> list[Sampled]: ...
+    def next_tokens(self, batch: Sequence[EngineRequest]) -> list[Sampled]: ...
+
+    def forget(self, rid: str) -> None: ...
 
 
 @dataclass
@@ -125,6 +129,7 @@ class EngineRequest:
     id: str
     context_ids: list[int]
     max_new_tokens: int
+    sampling: Sampling = field(default_factory=Sampling)
     eos_token_id: int | None = None
     output: Generation = field(default_factory=Generation)
     prefilled: bool = False
@@ -132,6 +137,11 @@ class EngineRequest:
     @property
     def context(self) -> int:
         return len(self.context_ids) + len(self.output.token_ids)
+
+    @property
+    def token_ids(self) -> list[int]:
+        """The whole sequence so far: context, then what this placement generated."""
+        return self.context_ids + self.output.token_ids
 
     @property
     def done(self) -> bool:
@@ -196,6 +206,7 @@ class EmulatedEngine:
 
     def abort(self, rid: str) -> EngineRequest:
         """Stop decoding `rid` and free its KV; the request keeps what it generated."""
+        self.source.forget(rid)
         return self.requests.pop(rid)
 
     async def step(self) -> list[EngineRequest]:
@@ -212,7 +223,7 @@ class EmulatedEngine:
             await self.pacer.finish()
         batch = list(self.requests.values())
         self.pacer.begin(self.pacer.step_s(len(batch), self.used_tokens()))
-        sampled = self.source.next_tokens([r.context_ids + r.output.token_ids for r in batch])
+        sampled = self.source.next_tokens(batch)
         for r, s in zip(batch, sampled, strict=True):
             r.output.token_ids.append(s.token)
             r.output.logprobs.append(s.logprob)
@@ -221,4 +232,5 @@ class EmulatedEngine:
         finished = [r for r in batch if r.done]
         for r in finished:
             del self.requests[r.id]
+            self.source.forget(r.id)
         return finished

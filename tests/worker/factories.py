@@ -16,7 +16,7 @@ from cadence.worker.api import (
     TrajectoryState,
 )
 from cadence.worker.core import Identity, WorkerCore
-from cadence.worker.emulated import EmulatedEngine, Sampled
+from cadence.worker.emulated import EmulatedEngine, EngineRequest, Sampled
 
 
 class FakeClock:
@@ -39,8 +39,15 @@ class CountingSource:
     """Greedy and deterministic: the next token is a function of the whole context, so a
     resumed trajectory continues exactly as an uninterrupted one would."""
 
-    def next_tokens(self, batch: Sequence[Sequence[int]]) -> list[Sampled]:
-        return [Sampled((sum(ids) * 31 + len(ids)) % 1000, -0.25) for ids in batch]
+    def next_tokens(self, batch: Sequence[EngineRequest]) -> list[Sampled]:
+        out = []
+        for request in batch:
+            ids = request.token_ids
+            out.append(Sampled((sum(ids) * 31 + len(ids)) % 1000, -0.25))
+        return out
+
+    def forget(self, rid: str) -> None:
+        pass
 
 
 def deployment(accelerator: str = "H800", capacity: int | None = None) -> Deployment:

@@ -84,8 +84,11 @@ def test_compression_must_be_positive() -> None:
 class CountingSource:
     """A token source for engine tests: the next token is the context length, mod 1000."""
 
-    def next_tokens(self, batch: Sequence[Sequence[int]]) -> list[Sampled]:
-        return [Sampled(len(ids) % 1000, -0.5) for ids in batch]
+    def next_tokens(self, batch: Sequence[EngineRequest]) -> list[Sampled]:
+        return [Sampled(len(r.token_ids) % 1000, -0.5) for r in batch]
+
+    def forget(self, rid: str) -> None:
+        pass
 
 
 def _engine(clock: FakeClock, capacity: int = 1_000) -> EmulatedEngine:

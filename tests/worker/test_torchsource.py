@@ -1,0 +1,80 @@
+"""The emulated engine on a real (tiny, random-weight) causal LM: moves are invisible in
+what it generates, and its logprobs are those of what it sampled."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+import torch
+
+from cadence.worker.api import Sampling
+from cadence.worker.emulated import EmulatedEngine, EngineRequest
+from cadence.worker.tinymodel import make_tiny_llama
+from cadence.worker.torchsource import TorchTokenSource
+
+from .factories import FakeClock, deployment
+
+
+@pytest.fixture(scope="module")
+def model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
+
+
+def _generate(path: Path, sampling: Sampling, stops: list[int], total: int = 24) -> list[int]:
+    """Decode up to `total` tokens of one prompt, moving the request to a fresh engine (its
+    own model instance, as another worker would have) whenever its count reaches a stop."""
+    prompt = [5, 17, 99, 3, 250, 8]
+    generated: list[int] = []
+    for cut in [*stops, total]:
+        engine = EmulatedEngine(deployment(), TorchTokenSource(path), clock=FakeClock())
+        request = EngineRequest("t", prompt + generated, total - len(generated), sampling)
+        engine.add(request)
+
+        async def run(engine: EmulatedEngine = engine, steps: int = cut - len(generated)) -> None:
+            for _ in range(steps):
+                if not engine.requests:
+                    break
+                await engine.step()
+
+        asyncio.run(run())
+        if engine.requests:
+            engine.abort("t")
+        generated += request.output.token_ids
+        if request.done:
+            break
+    return generated
+
+
+@pytest.mark.parametrize(
+    "sampling", [Sampling(temperature=0.0), Sampling(temperature=1.0, top_p=0.9, seed=7)]
+)
+def test_moves_do_not_change_what_is_generated(model_path: Path, sampling: Sampling) -> None:
+    whole = _generate(model_path, sampling, stops=[])
+    assert 0 < len(whole) <= 24
+    assert _generate(model_path, sampling, stops=[5]) == whole
+    assert _generate(model_path, sampling, stops=[3, 9, 15]) == whole
+
+
+def test_logprobs_are_those_a_full_forward_pass_gives(model_path: Path) -> None:
+    source = TorchTokenSource(model_path)
+    engine = EmulatedEngine(deployment(), source, clock=FakeClock())
+    prompt = [5, 17, 99, 3]
+    engine.add(EngineRequest("t", prompt, 6, Sampling(temperature=0.0)))
+
+    async def run() -> list[EngineRequest]:
+        done: list[EngineRequest] = []
+        while engine.requests:
+            done += await engine.step()
+        return done
+
+    (request,) = asyncio.run(run())
+    ids = prompt + request.output.token_ids
+    with torch.inference_mode():
+        logits = source.model(torch.tensor([ids])).logits[0].float()
+    expected = torch.log_softmax(logits, dim=-1)
+    for i, (token, logprob) in enumerate(
+        zip(request.output.token_ids, request.output.logprobs, strict=True)
+    ):
+        assert logprob == pytest.approx(float(expected[len(prompt) - 1 + i, token]), abs=1e-4)
