@@ -16,13 +16,14 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 
 from fastapi import Depends, FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import FileResponse, JSONResponse
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from cadence.worker.api import (
     MAX_BODY_BYTES,
+    AdvanceRequest,
     ClaimRequest,
     EvictResponse,
     PlaceRequest,
@@ -149,6 +150,14 @@ def create_app(core: WorkerCore, token: str, *, run_decode_loop: bool = True) ->
     @app.post("/v1/parked/{rid}/release", dependencies=guarded, status_code=204)
     async def release(rid: str, body: ReleaseRequest) -> None:
         core.release(rid, body)
+
+    @app.post("/v1/advance", dependencies=guarded)
+    async def advance(body: AdvanceRequest) -> WorkerState:
+        return await core.advance(body)
+
+    @app.get("/v1/weights/{version}", dependencies=guarded)
+    async def weights(version: int) -> FileResponse:
+        return FileResponse(core.weights_file(version), media_type="application/octet-stream")
 
     @app.post("/v1/drain", dependencies=guarded)
     async def drain() -> list[EvictResponse]:

@@ -17,10 +17,13 @@ Rules kept here (DESIGN.md, "Where token state lives" and "Fencing"):
 from __future__ import annotations
 
 import collections
+import hashlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from cadence.worker.api import (
+    AdvanceRequest,
     ClaimRequest,
     EvictResponse,
     ParkedInfo,
@@ -113,6 +116,9 @@ class Held:
         )
 
 
+# Where a version's weights come from: the trainer, a peer, or a path.
+FetchWeights = Callable[[str], Awaitable[bytes]]
+
 # How a destination reaches the worker a trajectory is parked on (HTTP in the service,
 # a direct call in tests).
 Claim = Callable[[Source, str, ClaimRequest], Awaitable[TrajectoryState]]
@@ -127,6 +133,9 @@ class WorkerCore:
     claim_from: Claim
     release_at: Release
     version: int | None = None
+    fetch_weights: FetchWeights | None = None
+    weights_dir: Path | None = None
+    weights: tuple[int, Path, str] | None = None  # (version, file, sha256) held here
     draining: bool = False
     resident: dict[str, Held] = field(default_factory=dict)
     parked: dict[str, Held] = field(default_factory=dict)
@@ -337,6 +346,49 @@ class WorkerCore:
             raise Refused(409, "not_claimed", f"{rid} is not claimed by {req.destination}")
         del self.parked[rid]
         self.handed_off[rid] = claimant
+
+    async def advance(self, req: AdvanceRequest) -> WorkerState:
+        """Switch to `req.version`: only when nothing is resident, never backwards; the
+        weights must match their sha256. Idempotent for the version already served."""
+        if self.weights is not None and self.weights[0] == req.version:
+            if self.weights[2] != req.sha256:
+                raise Refused(409, "checksum", f"version {req.version} is held with another sha256")
+            return self.state()
+        if self.resident:
+            raise Refused(409, "residents", f"{len(self.resident)} trajectories are resident")
+        if self.version is not None and req.version < self.version:
+            raise Refused(409, "backwards", f"this worker serves {self.version} already")
+        if self.fetch_weights is None or self.weights_dir is None:
+            raise Refused(409, "no_weights", "this worker was started without a weights store")
+        try:
+            data = await self.fetch_weights(req.weights_uri)
+        except Exception as e:
+            raise Refused(502, "fetch", f"cannot fetch {req.weights_uri}: {e}") from None
+        digest = hashlib.sha256(data).hexdigest()
+        if digest != req.sha256:
+            raise Refused(409, "checksum", f"the weights' sha256 is {digest}, not {req.sha256}")
+        self.weights_dir.mkdir(parents=True, exist_ok=True)
+        path = self.weights_dir / f"v{req.version}.safetensors"
+        partial = path.with_suffix(".partial")
+        partial.write_bytes(data)
+        partial.replace(path)
+        try:
+            self.engine.load_weights(path)
+        except Exception as e:
+            path.unlink(missing_ok=True)
+            raise Refused(
+                422, "weights", f"version {req.version}'s weights do not load: {e}"
+            ) from None
+        if self.weights is not None:
+            self.weights[1].unlink(missing_ok=True)
+        self.weights = (req.version, path, digest)
+        self.version = req.version
+        return self.state()
+
+    def weights_file(self, version: int) -> Path:
+        if self.weights is None or self.weights[0] != version:
+            raise Refused(404, "no_weights", f"this worker does not hold version {version}")
+        return self.weights[1]
 
     def drain(self) -> list[EvictResponse]:
         """Accept nothing more and depart every resident."""

@@ -20,6 +20,7 @@ import asyncio
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Protocol
 
 from cadence.sim.physics import Deployment
@@ -57,6 +58,8 @@ class TokenSource(Protocol):
     def next_tokens(self, batch: Sequence[EngineRequest]) -> list[Sampled]: ...
 
     def forget(self, rid: str) -> None: ...
+
+    def load_weights(self, path: Path) -> None: ...
 
 
 @dataclass
@@ -203,6 +206,12 @@ class EmulatedEngine:
             )
         self.requests[request.id] = request
         self.wake.set()
+
+    def load_weights(self, path: Path) -> None:
+        """Serve a new policy version; only when nothing is resident."""
+        if self.requests:
+            raise RuntimeError("weights change only on an empty engine")
+        self.source.load_weights(path)
 
     def abort(self, rid: str) -> EngineRequest:
         """Stop decoding `rid` and free its KV; the request keeps what it generated."""

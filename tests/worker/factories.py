@@ -4,6 +4,7 @@ and pools of cores wired to each other directly (the HTTP hop left out)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
 from cadence.sim.catalog import ACCELERATORS, MODELS
 from cadence.sim.physics import Deployment, deploy
@@ -12,6 +13,7 @@ from cadence.worker.api import (
     FreshStart,
     PlaceRequest,
     ReleaseRequest,
+    Sampling,
     Source,
     TrajectoryState,
 )
@@ -48,6 +50,9 @@ class CountingSource:
 
     def forget(self, rid: str) -> None:
         pass
+
+    def load_weights(self, path: Path) -> None:
+        raise NotImplementedError("a counting source has no weights")
 
 
 def deployment(accelerator: str = "H800", capacity: int | None = None) -> Deployment:
@@ -92,14 +97,20 @@ class Pool:
 
 
 def fresh(
-    rid: str, *, attempt: int = 0, version: int = 0, prompt: int = 16, max_tokens: int = 40
+    rid: str,
+    *,
+    attempt: int = 0,
+    version: int = 0,
+    prompt: int = 16,
+    max_tokens: int = 40,
+    sampling: Sampling | None = None,
 ) -> PlaceRequest:
-    return PlaceRequest(
-        id=rid,
-        attempt=attempt,
-        version=version,
-        fresh=FreshStart(prompt_token_ids=list(range(1, prompt + 1)), max_tokens=max_tokens),
+    start = FreshStart(
+        prompt_token_ids=list(range(1, prompt + 1)),
+        max_tokens=max_tokens,
+        sampling=sampling or Sampling(),
     )
+    return PlaceRequest(id=rid, attempt=attempt, version=version, fresh=start)
 
 
 def moved(rid: str, source: Source, *, attempt: int, version: int = 0) -> PlaceRequest:

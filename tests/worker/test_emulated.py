@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from pathlib import Path
 
 import pytest
 
@@ -89,6 +90,9 @@ class CountingSource:
 
     def forget(self, rid: str) -> None:
         pass
+
+    def load_weights(self, path: Path) -> None:
+        raise NotImplementedError("a counting source has no weights")
 
 
 def _engine(clock: FakeClock, capacity: int = 1_000) -> EmulatedEngine:
