@@ -190,3 +190,23 @@ class Problem(_Body):
 
     error: str
     reason: str
+
+
+class Delivery(_Body):
+    """A finished trajectory on its way to the trainer's ingest endpoint. The pair
+    (id, attempt) is its idempotency key: the trainer accepts each once, and only the
+    current attempt of each sample (DESIGN.md, "Fencing")."""
+
+    id: str
+    attempt: int
+    version: int
+    worker_id: str
+    prompt_token_ids: TokenIds
+    turns: list[Turn]
+    timings: Timings
+    finished_at: float
+    failed: bool = False  # ended without a valid completion (an environment gave up)
+
+    @property
+    def key(self) -> str:
+        return f"{self.id}:{self.attempt}"

@@ -75,13 +75,19 @@ class _CoreCollector(Collector):
         yield counter("finished", "Trajectories finished here.", core.counts["finished"])
 
 
-async def _decode_forever(core: WorkerCore) -> None:
+async def _decode_forever(core: WorkerCore, retry_s: float = 0.2) -> None:
     while True:
-        if not core.resident:
-            core.engine.wake.clear()
-            await core.engine.wake.wait()
-        await core.step()
-        await asyncio.sleep(0)  # let requests in between steps
+        if core.resident:
+            await core.step()
+            await asyncio.sleep(0)  # let requests in between steps
+            continue
+        if core.outbox is not None and core.outbox.queue:
+            await core.outbox.flush()
+            await asyncio.sleep(retry_s)
+            continue
+        core.engine.wake.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(core.engine.wake.wait(), timeout=1.0)
 
 
 def create_app(core: WorkerCore, token: str, *, run_decode_loop: bool = True) -> FastAPI:

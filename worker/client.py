@@ -13,6 +13,7 @@ from pydantic import BaseModel, TypeAdapter
 
 from cadence.worker.api import (
     ClaimRequest,
+    Delivery,
     EvictResponse,
     PlaceRequest,
     PlaceResponse,
@@ -115,3 +116,26 @@ class Peers:
             raise Refused(409 if e.status < 500 else 502, e.reason, e.message) from None
         finally:
             await client.aclose()
+
+
+class TrainerSender:
+    """Delivers finished trajectories to the trainer's ingest endpoint, keyed for
+    idempotency; anything but success raises, so the outbox keeps and retries it."""
+
+    def __init__(
+        self, url: str, token: str, transport: httpx.AsyncBaseTransport | None = None
+    ) -> None:
+        self.http = httpx.AsyncClient(
+            base_url=url,
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=10.0,
+            transport=transport,
+        )
+
+    async def __call__(self, delivery: Delivery) -> None:
+        response = await self.http.post(
+            "/v1/trajectories",
+            content=delivery.model_dump_json(),
+            headers={"content-type": "application/json", "idempotency-key": delivery.key},
+        )
+        response.raise_for_status()

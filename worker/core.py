@@ -25,6 +25,7 @@ from pathlib import Path
 from cadence.worker.api import (
     AdvanceRequest,
     ClaimRequest,
+    Delivery,
     EvictResponse,
     ParkedInfo,
     ParkReason,
@@ -40,6 +41,7 @@ from cadence.worker.api import (
     WorkerState,
 )
 from cadence.worker.emulated import Clock, EmulatedEngine, EngineRequest, RoomError
+from cadence.worker.outbox import Outbox
 
 
 class Refused(Exception):
@@ -146,6 +148,7 @@ class WorkerCore:
     # answered and a superseded one refused.
     handed_off: dict[str, tuple[str, int]] = field(default_factory=dict)
     counts: collections.Counter[str] = field(default_factory=collections.Counter)
+    outbox: Outbox | None = None  # finished trajectories go here; kept in `finished` if None
 
     # --- observation -----------------------------------------------------------------
 
@@ -209,6 +212,8 @@ class WorkerCore:
             return self._placed(held)
         if self.draining:
             raise Refused(409, "draining", f"worker {self.identity.worker_id} is draining")
+        if self.outbox is not None and self.outbox.full:
+            raise Refused(503, "outbox_full", "the trainer is not taking deliveries; retry later")
         if self.version != req.version:
             raise Refused(
                 409,
@@ -404,7 +409,23 @@ class WorkerCore:
             held = self.resident.pop(request.id)
             self._absorb(held, request)
             state = held.to_state()
-            self.finished.append(state)
             done.append(state)
             self.counts["finished"] += 1
+            if self.outbox is None:
+                self.finished.append(state)
+                continue
+            self.outbox.put(
+                Delivery(
+                    id=held.id,
+                    attempt=held.attempt,
+                    version=held.version,
+                    worker_id=self.identity.worker_id,
+                    prompt_token_ids=held.prompt_token_ids,
+                    turns=held.turns,
+                    timings=held.timings,
+                    finished_at=self.clock.now(),
+                )
+            )
+        if self.outbox is not None:
+            await self.outbox.flush()
         return done
