@@ -284,6 +284,14 @@ def _cmd_bench_workload(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_bench_worker_api(args: argparse.Namespace) -> int:
+    # Imported here: torch takes seconds to import, and no other subcommand needs it.
+    from cadence.bench.worker_api import main as worker_api_main  # noqa: PLC0415
+
+    worker_api_main(args.residents, args.requests)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog=PROG,
@@ -357,6 +365,15 @@ def build_parser() -> argparse.ArgumentParser:
     wl.add_argument("--scenario", type=Path, required=True, help="scenario YAML file")
     wl.add_argument("--groups", type=_at_least(1), default=512, help="prompt groups to draw")
     wl.set_defaults(run=_cmd_bench_workload)
+    wa = benches.add_parser(
+        "worker-api",
+        help="GET /v1/state latency of an emulated worker on loopback (prints JSON)",
+        description="Serve one emulated worker on 127.0.0.1, place RESIDENTS trajectories "
+        "that keep decoding, and time GET /v1/state REQUESTS times.",
+    )
+    wa.add_argument("--residents", type=_at_least(1), default=256)
+    wa.add_argument("--requests", type=_at_least(1), default=1000)
+    wa.set_defaults(run=_cmd_bench_worker_api)
     return parser
 
 

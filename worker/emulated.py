@@ -232,13 +232,18 @@ class EmulatedEngine:
             await self.pacer.finish()
         batch = list(self.requests.values())
         self.pacer.begin(self.pacer.step_s(len(batch), self.used_tokens()))
-        sampled = self.source.next_tokens(batch)
+        # Off the event loop, so the API answers while a step computes; a request evicted
+        # meanwhile keeps what it had when it left, and this step's token for it is void.
+        sampled = await asyncio.to_thread(self.source.next_tokens, batch)
+        stepped = []
         for r, s in zip(batch, sampled, strict=True):
-            r.output.token_ids.append(s.token)
-            r.output.logprobs.append(s.logprob)
-        self.decoded_tokens += len(batch)
+            if self.requests.get(r.id) is r:
+                r.output.token_ids.append(s.token)
+                r.output.logprobs.append(s.logprob)
+                stepped.append(r)
+        self.decoded_tokens += len(stepped)
         await self.pacer.finish()
-        finished = [r for r in batch if r.done]
+        finished = [r for r in stepped if r.done]
         for r in finished:
             del self.requests[r.id]
             self.source.forget(r.id)
