@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -292,6 +293,40 @@ def _cmd_bench_worker_api(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_worker(args: argparse.Namespace) -> int:
+    # Imported here: torch takes seconds to import, and most subcommands never need it.
+    from cadence.worker import serve  # noqa: PLC0415
+    from cadence.worker.tinymodel import make_tiny_llama  # noqa: PLC0415
+
+    try:
+        token = serve.read_token(args.token_file)
+        model_path = args.model_path
+        if model_path is None:
+            model_path = serve.DEFAULT_MODEL_DIR
+            if not (model_path / "config.json").is_file():
+                make_tiny_llama(model_path)
+        options = serve.WorkerOptions(
+            worker_id=args.id,
+            accelerator=args.accelerator,
+            affinity=args.affinity,
+            model=args.model,
+            model_path=model_path,
+            token=token,
+            host=args.host,
+            port=args.port,
+            compression=args.compression,
+            min_kv_tokens=args.min_kv_tokens,
+            trainer_url=args.trainer_url,
+            weights_dir=args.weights_dir,
+            grace_s=args.grace_s,
+        )
+        serve.build(options)  # refuse bad settings before binding the port
+    except serve.ConfigError as e:
+        raise UsageError(str(e)) from None
+    serve.serve(options)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog=PROG,
@@ -339,6 +374,33 @@ def build_parser() -> argparse.ArgumentParser:
         help="run each baseline over its unknown parameters and report its best setting",
     )
     s.set_defaults(run=_cmd_sim)
+
+    w = sub.add_parser(
+        "worker",
+        help="run one rollout worker (emulated engine) serving the worker API",
+        description="Run one rollout worker: the worker API over HTTP, on the emulated "
+        "engine (tokens from a local causal LM, time and KV of the emulated accelerator). "
+        "The bearer token comes from --token-file or CADENCE_TOKEN.",
+    )
+    w.add_argument("--id", default=os.uname().nodename, help="worker id (default: host name)")
+    w.add_argument("--accelerator", default="H800", help="catalog accelerator to emulate")
+    w.add_argument("--affinity", type=int, default=0, help="affinity rank")
+    w.add_argument("--model", default="Qwen3-8B", help="catalog model the emulation follows")
+    w.add_argument(
+        "--model-path",
+        type=Path,
+        help="local Hugging Face causal LM for the tokens (default: a tiny Llama made in "
+        "~/.cache/cadence/tiny-llama)",
+    )
+    w.add_argument("--host", default="127.0.0.1")
+    w.add_argument("--port", type=_at_least(1), default=8000)
+    w.add_argument("--compression", type=float, default=1.0, help="time compression factor")
+    w.add_argument("--min-kv-tokens", type=_at_least(1), default=20_000)
+    w.add_argument("--trainer-url", help="the trainer's ingest URL (deliveries kept if absent)")
+    w.add_argument("--weights-dir", type=Path, help="where advanced weights are kept")
+    w.add_argument("--token-file", type=Path, help="file holding the bearer token")
+    w.add_argument("--grace-s", type=float, default=30.0, help="drain grace period")
+    w.set_defaults(run=_cmd_worker)
 
     bench = sub.add_parser("bench", help="run a benchmark (prints JSON)")
     benches = bench.add_subparsers(dest="bench", metavar="BENCH", parser_class=_Parser)

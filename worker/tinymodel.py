@@ -61,7 +61,7 @@ def make_tiny_llama(path: Path, *, vocab_size: int = 1024, seed: int = 0) -> Pat
         pad_token_id=tokenizer.pad_token_id,
         tie_word_embeddings=False,
     )
-    model: Any = LlamaForCausalLM(config)
+    model: Any = LlamaForCausalLM(config)  # type: ignore[no-untyped-call,unused-ignore]
     model = model.to(torch.bfloat16)
     model.save_pretrained(path, safe_serialization=True)
     return path

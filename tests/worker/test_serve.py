@@ -1,0 +1,111 @@
+"""`cadence worker`: refuses bad settings in one sentence, serves, and drains on SIGTERM."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from cadence.operator.cli import main
+from cadence.worker.tinymodel import make_tiny_llama
+
+
+@pytest.fixture(scope="module")
+def model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny_llama(tmp_path_factory.mktemp("tiny"))
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "message"),
+    [
+        ([], {}, "a bearer token is required"),
+        (["--accelerator", "TPU9"], {"CADENCE_TOKEN": "t"}, "unknown accelerator 'TPU9'"),
+        (["--model", "GPT-9"], {"CADENCE_TOKEN": "t"}, "unknown model 'GPT-9'"),
+        (["--token-file", "/nonexistent/token"], {}, "cannot read token file"),
+    ],
+)
+def test_bad_settings_exit_2_in_one_sentence(
+    model_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    argv: list[str],
+    env: dict[str, str],
+    message: str,
+) -> None:
+    monkeypatch.delenv("CADENCE_TOKEN", raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    assert main(["worker", "--model-path", str(model_path), *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("cadence: error: ") and err.count("\n") == 1
+    assert message in err
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_the_worker_serves_and_drains_on_sigterm(model_path: Path, tmp_path: Path) -> None:
+    port = _free_port()
+    token = tmp_path / "token"
+    token.write_text("s3cret\n")
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "from cadence.operator.cli import entry; entry()",
+            "worker",
+            "--model-path",
+            str(model_path),
+            "--port",
+            str(port),
+            "--token-file",
+            str(token),
+            "--grace-s",
+            "5",
+            "--id",
+            "w0",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        cwd=tmp_path,
+        env={**os.environ},
+    )
+    try:
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(f"{base}/healthz").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline and proc.poll() is None, "the worker did not start"
+            time.sleep(0.2)
+        auth = {"Authorization": "Bearer s3cret"}
+        state = httpx.get(f"{base}/v1/state", headers=auth).json()
+        assert state["worker_id"] == "w0" and state["engine"] == "emulated"
+        body = {
+            "id": "t",
+            "attempt": 0,
+            "version": 0,
+            "fresh": {"prompt_token_ids": [1, 2, 3], "max_tokens": 100000},
+        }
+        assert httpx.post(f"{base}/v1/trajectories", json=body, headers=auth).status_code == 200
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(0.5)
+        state = httpx.get(f"{base}/v1/state", headers=auth).json()
+        assert state["draining"] and [p["id"] for p in state["parked"]] == ["t"]
+        assert httpx.get(f"{base}/readyz").status_code == 503
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)

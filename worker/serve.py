@@ -1,0 +1,143 @@
+"""`cadence worker`: one rollout worker as a process, as each pod runs it.
+
+The first SIGTERM (Kubernetes scale-in, node drain) drains: the worker accepts nothing
+more, departs every resident to its parked store, and keeps serving claims of parked
+trajectories until none is left or the grace period ends; a second signal exits at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+
+import httpx
+import uvicorn
+
+from cadence.sim.catalog import ACCELERATORS, MODELS
+from cadence.sim.physics import deploy
+from cadence.worker.app import create_app
+from cadence.worker.client import Peers, TrainerSender
+from cadence.worker.core import Identity, WorkerCore
+from cadence.worker.emulated import EmulatedEngine, MonotonicClock
+from cadence.worker.outbox import Outbox
+from cadence.worker.torchsource import TorchTokenSource
+
+TOKEN_ENV = "CADENCE_TOKEN"
+# Where `cadence worker` makes its tiny model when no --model-path is given.
+DEFAULT_MODEL_DIR = Path.home() / ".cache" / "cadence" / "tiny-llama"
+
+
+class ConfigError(ValueError):
+    """A worker that cannot start as asked; the message is one sentence."""
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerOptions:
+    worker_id: str
+    accelerator: str
+    affinity: int
+    model: str  # the catalog model whose roofline and KV the emulation follows
+    model_path: Path  # the local causal LM that produces tokens
+    token: str
+    host: str = "127.0.0.1"
+    port: int = 8000
+    compression: float = 1.0
+    min_kv_tokens: int = 20_000
+    trainer_url: str | None = None
+    weights_dir: Path | None = None
+    grace_s: float = 30.0
+
+
+def read_token(token_file: Path | None) -> str:
+    """The bearer token from a file (a mounted Secret) or the environment."""
+    if token_file is not None:
+        try:
+            token = token_file.read_text().strip()
+        except OSError as e:
+            raise ConfigError(f"cannot read token file {token_file}: {e.strerror}") from None
+    else:
+        token = os.environ.get(TOKEN_ENV, "").strip()
+    if not token:
+        raise ConfigError(f"a bearer token is required: --token-file FILE or {TOKEN_ENV}")
+    return token
+
+
+async def _fetch(uri: str, token: str) -> bytes:
+    if uri.startswith(("http://", "https://")):
+        async with httpx.AsyncClient(timeout=300.0) as http:
+            r = await http.get(uri, headers={"Authorization": f"Bearer {token}"})
+            r.raise_for_status()
+            return r.content
+    return Path(uri.removeprefix("file://")).read_bytes()
+
+
+def build(options: WorkerOptions) -> WorkerCore:
+    if options.accelerator not in ACCELERATORS:
+        known = ", ".join(sorted(ACCELERATORS))
+        raise ConfigError(f"unknown accelerator {options.accelerator!r}; known: {known}")
+    if options.model not in MODELS:
+        raise ConfigError(f"unknown model {options.model!r}; known: {', '.join(MODELS)}")
+    if not (options.model_path / "config.json").is_file():
+        raise ConfigError(f"{options.model_path} holds no Hugging Face model (no config.json)")
+    deployment = deploy(
+        MODELS[options.model], ACCELERATORS[options.accelerator], options.min_kv_tokens
+    )
+    clock = MonotonicClock()
+    engine = EmulatedEngine(
+        deployment,
+        TorchTokenSource(options.model_path),
+        clock=clock,
+        compression=options.compression,
+    )
+    peers = Peers(options.token)
+    token = options.token
+
+    async def fetch(uri: str) -> bytes:
+        return await _fetch(uri, token)
+
+    outbox = None
+    if options.trainer_url is not None:
+        outbox = Outbox(TrainerSender(options.trainer_url, options.token), clock)
+    return WorkerCore(
+        Identity(options.worker_id, options.accelerator, options.affinity),
+        engine,
+        clock,
+        peers.claim,
+        peers.release,
+        0,
+        fetch_weights=fetch,
+        weights_dir=options.weights_dir,
+        outbox=outbox,
+    )
+
+
+class _DrainingServer(uvicorn.Server):
+    def __init__(self, config: uvicorn.Config, core: WorkerCore, grace_s: float) -> None:
+        super().__init__(config)
+        self.core = core
+        self.grace_s = grace_s
+        self.draining: asyncio.Task[None] | None = None
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self.draining is not None:  # a second signal: go now
+            super().handle_exit(sig, frame)
+            return
+        self.core.drain()
+        self.draining = asyncio.get_event_loop().create_task(self._drain())
+
+    async def _drain(self) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.grace_s
+        while self.core.parked and loop.time() < deadline:
+            await asyncio.sleep(0.1)
+        self.should_exit = True
+
+
+def serve(options: WorkerOptions) -> None:
+    core = build(options)
+    app = create_app(core, options.token)
+    config = uvicorn.Config(app, host=options.host, port=options.port, log_level="info")
+    asyncio.run(_DrainingServer(config, core, options.grace_s).serve())
