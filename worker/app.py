@@ -68,7 +68,7 @@ class _CoreCollector(Collector):
         yield gauge("kv_capacity_tokens", "KV cache capacity, tokens.", engine.capacity_tokens)
         yield gauge("headroom_tokens", "KV capacity minus use.", engine.capacity_tokens - used)
         yield gauge("version", "Policy version served (-1: none yet).", core.version or -1)
-        yield gauge("fell_behind", "1 if the emulated pace was missed.", engine.pacer.fell_behind)
+        yield gauge("fell_behind", "1 if the emulated pace was missed.", engine.fell_behind)
         yield counter("decoded_tokens", "Tokens decoded.", engine.decoded_tokens)
         yield counter("placements", "Trajectories placed here.", core.counts["placements"])
         yield counter("departures", "Trajectories departed from here.", core.counts["departures"])

@@ -40,7 +40,8 @@ from cadence.worker.api import (
     Turn,
     WorkerState,
 )
-from cadence.worker.emulated import Clock, EmulatedEngine, EngineRequest, RoomError
+from cadence.worker.emulated import Clock, EngineRequest, RoomError
+from cadence.worker.engine import Engine
 from cadence.worker.outbox import Outbox
 
 
@@ -130,7 +131,7 @@ Release = Callable[[Source, str, ReleaseRequest], Awaitable[None]]
 @dataclass
 class WorkerCore:
     identity: Identity
-    engine: EmulatedEngine
+    engine: Engine
     clock: Clock
     claim_from: Claim
     release_at: Release
@@ -186,7 +187,7 @@ class WorkerCore:
             worker_id=self.identity.worker_id,
             accelerator=self.identity.accelerator,
             affinity=self.identity.affinity,
-            engine="emulated",
+            engine=self.engine.kind,
             version=self.version,
             kv_capacity_tokens=capacity,
             kv_used_tokens=used,
@@ -194,7 +195,7 @@ class WorkerCore:
             residents=residents,
             parked=parked,
             draining=self.draining,
-            fell_behind=self.engine.pacer.fell_behind,
+            fell_behind=self.engine.fell_behind,
         )
 
     # --- placement ---------------------------------------------------------------------

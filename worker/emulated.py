@@ -21,7 +21,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Literal, Protocol
 
 from cadence.sim.physics import Deployment
 from cadence.worker.api import Sampling
@@ -167,7 +167,7 @@ class EmulatedEngine:
     step of every resident and returns the requests that finished.
     """
 
-    kind = "emulated"
+    kind: Literal["emulated"] = "emulated"
 
     def __init__(
         self,
@@ -190,6 +190,10 @@ class EmulatedEngine:
     @property
     def capacity_tokens(self) -> int:
         return self.deployment.kv_capacity_tokens
+
+    @property
+    def fell_behind(self) -> bool:
+        return self.pacer.fell_behind
 
     def used_tokens(self) -> int:
         return sum(r.context for r in self.requests.values())

@@ -19,18 +19,18 @@ import asyncio
 import contextlib
 import itertools
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from cadence.worker.emulated import EngineRequest, RoomError
 
 
 class VllmEngine:
-    kind = "vllm"
+    kind: Literal["vllm"] = "vllm"
 
     def __init__(self, llm: Any, *, block_size: int) -> None:
         self.llm = llm
         blocks = llm.vllm_config.cache_config.num_gpu_blocks
-        self.capacity_tokens: int = int(blocks) * block_size
+        self._capacity = int(blocks) * block_size
         self.requests: dict[str, EngineRequest] = {}
         self.decoded_tokens = 0
         self.wake = asyncio.Event()
@@ -66,6 +66,10 @@ class VllmEngine:
             disable_log_stats=True,
         )
         return VllmEngine(AsyncLLM.from_engine_args(args), block_size=block_size)
+
+    @property
+    def capacity_tokens(self) -> int:
+        return self._capacity
 
     @property
     def fell_behind(self) -> bool:
@@ -128,12 +132,12 @@ class VllmEngine:
             task.cancel()
         return request
 
-    async def step(self, wait_s: float = 0.05) -> list[EngineRequest]:
-        """Wait for progress (at most `wait_s`), then hand over what finished."""
+    async def step(self) -> list[EngineRequest]:
+        """Wait for progress (at most 50 ms), then hand over what finished."""
         if not self._finished:
             self._progress.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._progress.wait(), timeout=wait_s)
+                await asyncio.wait_for(self._progress.wait(), timeout=0.05)
         finished, self._finished = self._finished, []
         return finished
 
