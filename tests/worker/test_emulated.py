@@ -8,29 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from cadence.sim.catalog import ACCELERATORS, MODELS
-from cadence.sim.physics import Deployment, deploy
+from cadence.sim.physics import Deployment
 from cadence.worker.emulated import EmulatedEngine, EngineRequest, Pacer, RoomError, Sampled
 
-
-class FakeClock:
-    """Time moves only when the engine sleeps or a test says the host worked."""
-
-    def __init__(self) -> None:
-        self.t = 100.0
-
-    def now(self) -> float:
-        return self.t
-
-    async def sleep_until(self, deadline: float) -> None:
-        self.t = max(self.t, deadline)
-
-    def work(self, seconds: float) -> None:
-        self.t += seconds
+from .factories import FakeClock, deployment
 
 
 def _deployment(accelerator: str) -> Deployment:
-    return deploy(MODELS["Qwen3-32B"], ACCELERATORS[accelerator], 20_000)
+    return deployment(accelerator)
 
 
 def _run_steps(pacer: Pacer, clock: FakeClock, steps: int, host_s: float) -> list[float]:
