@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -133,3 +134,38 @@ def test_prefill_time_is_charged_before_the_first_decode_step() -> None:
     asyncio.run(engine.step())
     expected = engine.pacer.prefill_s(4_000) + engine.pacer.step_s(1, 4_000)
     assert clock.now() - start == pytest.approx(expected)
+
+
+class GatedSource(CountingSource):
+    """A source whose step waits until the test lets it finish, so the test can act in
+    the middle of a step, as an HTTP request can while tokens are computed."""
+
+    def __init__(self) -> None:
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    def next_tokens(self, batch: Sequence[EngineRequest]) -> list[Sampled]:
+        self.entered.set()
+        self.release.wait(timeout=10)
+        return super().next_tokens(batch)
+
+
+def test_an_eviction_during_a_step_keeps_what_it_had_and_the_step_drops_its_token() -> None:
+    clock = FakeClock()
+    source = GatedSource()
+    d = _deployment("H800")
+    engine = EmulatedEngine(d, source, clock=clock)
+    engine.add(EngineRequest("a", [1] * 10, max_new_tokens=100))
+    engine.add(EngineRequest("b", [2] * 10, max_new_tokens=100))
+
+    async def race() -> tuple[EngineRequest, list[EngineRequest]]:
+        stepping = asyncio.create_task(engine.step())
+        await asyncio.to_thread(source.entered.wait, 10)
+        evicted = engine.abort("a")  # mid-step
+        source.release.set()
+        return evicted, await stepping
+
+    evicted, finished = asyncio.run(race())
+    assert evicted.output.token_ids == [] and finished == []
+    assert list(engine.requests) == ["b"] and len(engine.requests["b"].output.token_ids) == 1
+    assert engine.decoded_tokens == 1
