@@ -1,0 +1,130 @@
+"""The reference environment for multi-turn tasks: a calculator behind HTTP.
+
+Tool-call format (what a model writes, and what the worker looks for in its text):
+
+    <tool>calc 18 / (1 + 2)</tool>
+
+The environment answers with the observation the worker appends to the trajectory:
+
+    <result>6</result>        or        <result>error: division by zero</result>
+
+Expressions are arithmetic only: numbers, + - * / // % **, unary signs and parentheses,
+evaluated on Python's AST with every other node refused, so a model cannot reach names,
+calls or attributes. An answer is idempotent per (trajectory, call index): a worker that
+retries a call gets the same observation.
+"""
+
+from __future__ import annotations
+
+# `_operator`, not `operator`: this repository's operator/ package shadows the name for
+# mypy (see operator/__init__.py).
+import _operator as operator
+import ast
+import re
+from collections.abc import Callable
+
+from fastapi import FastAPI
+from pydantic import BaseModel, ConfigDict, Field
+
+TOOL_CALL = re.compile(r"<tool>\s*calc\s+(?P<expr>.*?)</tool>", re.DOTALL)
+MAX_EXPRESSION = 200
+MAX_EXPONENT = 64
+MAX_MAGNITUDE = 10**18
+
+_BINARY: dict[type[ast.operator], Callable[[float, float], float]] = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv,
+    ast.Mod: operator.mod,
+    ast.Pow: operator.pow,
+}
+_UNARY: dict[type[ast.unaryop], Callable[[float], float]] = {
+    ast.UAdd: operator.pos,
+    ast.USub: operator.neg,
+}
+
+
+class CalcError(ValueError):
+    """The expression is not arithmetic, or its value is out of bounds."""
+
+
+def find_tool_call(text: str) -> str | None:
+    """The expression of the first complete tool call in `text`, if any."""
+    match = TOOL_CALL.search(text)
+    return match.group("expr").strip() if match else None
+
+
+def evaluate(expression: str) -> float:
+    if len(expression) > MAX_EXPRESSION:
+        raise CalcError(f"expression longer than {MAX_EXPRESSION} characters")
+    try:
+        tree = ast.parse(expression, mode="eval")
+    except SyntaxError:
+        raise CalcError("not an arithmetic expression") from None
+    return _eval(tree.body)
+
+
+def _eval(node: ast.expr) -> float:
+    value = node.value if isinstance(node, ast.Constant) else None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
+        return _UNARY[type(node.op)](_eval(node.operand))
+    if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
+        left, right = _eval(node.left), _eval(node.right)
+        if isinstance(node.op, ast.Pow) and abs(right) > MAX_EXPONENT:
+            raise CalcError(f"exponent above {MAX_EXPONENT}")
+        try:
+            value = _BINARY[type(node.op)](left, right)
+        except ZeroDivisionError:
+            raise CalcError("division by zero") from None
+        if isinstance(value, complex) or abs(value) > MAX_MAGNITUDE:
+            raise CalcError("result out of range")
+        return value
+    raise CalcError(f"{type(node).__name__} is not allowed")
+
+
+def observation(expression: str) -> str:
+    try:
+        value = evaluate(expression)
+    except CalcError as e:
+        return f"<result>error: {e}</result>"
+    shown = str(int(value)) if value.is_integer() else f"{value:.6g}"
+    return f"<result>{shown}</result>"
+
+
+class ToolRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    trajectory_id: str = Field(min_length=1, max_length=200)
+    call_index: int = Field(ge=0)
+    text: str = Field(max_length=4096)  # the model's text holding the tool call
+
+
+class ToolResponse(BaseModel):
+    observation: str
+
+
+def create_app() -> FastAPI:
+    app = FastAPI(title="Cadence reference calculator environment", version="v1")
+    answered: dict[tuple[str, int], str] = {}
+
+    @app.post("/v1/tool")
+    async def tool(body: ToolRequest) -> ToolResponse:
+        key = (body.trajectory_id, body.call_index)
+        if key not in answered:
+            expression = find_tool_call(body.text)
+            answered[key] = (
+                observation(expression)
+                if expression is not None
+                else "<result>error: no <tool>calc ...</tool> call found</result>"
+            )
+        return ToolResponse(observation=answered[key])
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    return app
