@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, get_args
 
 from cadence.operator.scheduler.actions import Action, Admit, Advance, Evict
 from cadence.operator.scheduler.admission import ShortEnd, groups_to_admit
@@ -32,6 +32,7 @@ from cadence.operator.scheduler.concentration import (
     evict_shortest_to_floor,
     select_source,
 )
+from cadence.operator.scheduler.errors import ConfigError
 from cadence.operator.scheduler.pacing import Fit, evict_longest_to_floor, place_by_fit
 from cadence.operator.scheduler.snapshot import Knobs, PendingTrajectory, Snapshot
 from cadence.operator.scheduler.state import CadenceState
@@ -58,6 +59,16 @@ class CadencePolicy:
     fit: Fit = "tight"
     fresh: FreshOrder = "after_pending"
     name: str = "cadence"
+
+    def __post_init__(self) -> None:
+        for field_name, value, allowed in (
+            ("fit", self.fit, get_args(Fit)),
+            ("fresh", self.fresh, get_args(FreshOrder)),
+        ):
+            if value not in allowed:
+                raise ConfigError(
+                    f"cadence {field_name} {value!r} is not one of {', '.join(allowed)}"
+                )
 
     def initial_state(self) -> CadenceState:
         return CadenceState()

@@ -73,6 +73,7 @@ def test_unknown_policy_and_missing_file_are_exit_2(capsys: pytest.CaptureFixtur
         (["--vary", "scheduling.eta"], "is not FIELD=V1,V2"),
         (["--vary", "scheduling.bogus=1,2"], "no field 'scheduling.bogus'"),
         (["--vary", "scheduling.eta=-1"], "scheduling.eta"),
+        (["--policies", "cadence", "--param", "cadence.fresh=bogus"], "is not one of"),
     ],
 )
 def test_bad_settings_are_exit_2_before_anything_runs(
