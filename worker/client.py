@@ -6,6 +6,7 @@ raises `WorkerError` carrying the worker's status, reason and sentence.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import httpx
@@ -100,18 +101,16 @@ class Peers:
         self.transport = transport
 
     async def claim(self, source: Source, rid: str, req: ClaimRequest) -> TrajectoryState:
-        client = WorkerClient(source.url, self.token, transport=self.transport)
-        try:
-            return await client.claim(rid, req)
-        except WorkerError as e:
-            raise Refused(409 if e.status < 500 else 502, e.reason, e.message) from None
-        finally:
-            await client.aclose()
+        state: TrajectoryState = await self._at(source, lambda c: c.claim(rid, req))
+        return state
 
     async def release(self, source: Source, rid: str, req: ReleaseRequest) -> None:
+        await self._at(source, lambda c: c.release(rid, req))
+
+    async def _at(self, source: Source, call: Callable[[WorkerClient], Awaitable[Any]]) -> Any:
         client = WorkerClient(source.url, self.token, transport=self.transport)
         try:
-            await client.release(rid, req)
+            return await call(client)
         except WorkerError as e:
             raise Refused(409 if e.status < 500 else 502, e.reason, e.message) from None
         finally:

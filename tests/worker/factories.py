@@ -3,8 +3,14 @@ and pools of cores wired to each other directly (the HTTP hop left out)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterable, Sequence
 from pathlib import Path
+
+import httpx
 
 from cadence.sim.catalog import ACCELERATORS, MODELS
 from cadence.sim.physics import Deployment, deploy
@@ -115,3 +121,32 @@ def fresh(
 
 def moved(rid: str, source: Source, *, attempt: int, version: int = 0) -> PlaceRequest:
     return PlaceRequest(id=rid, attempt=attempt, version=version, source=source)
+
+
+# --- worker processes ------------------------------------------------------------------
+
+# `cadence` as a subprocess sees it, without relying on the console script's location.
+CADENCE = [sys.executable, "-c", "from cadence.operator.cli import entry; entry()"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_healthy(
+    urls: Iterable[str], procs: Sequence[subprocess.Popen[bytes]], within_s: float
+) -> None:
+    """Wait until every worker answers /healthz; fail if one exits or time runs out."""
+    deadline = time.monotonic() + within_s
+    for url in urls:
+        while True:
+            try:
+                if httpx.get(f"{url}/healthz").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, "the worker did not start in time"
+            assert all(p.poll() is None for p in procs), "a worker exited"
+            time.sleep(0.2)

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -15,6 +13,8 @@ import pytest
 
 from cadence.operator.cli import main
 from cadence.worker.tinymodel import make_tiny_llama
+
+from .factories import CADENCE, free_port, wait_healthy
 
 
 @pytest.fixture(scope="module")
@@ -48,21 +48,13 @@ def test_bad_settings_exit_2_in_one_sentence(
     assert message in err
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_the_worker_serves_and_drains_on_sigterm(model_path: Path, tmp_path: Path) -> None:
-    port = _free_port()
+    port = free_port()
     token = tmp_path / "token"
     token.write_text("s3cret\n")
     proc = subprocess.Popen(
         [
-            sys.executable,
-            "-c",
-            "from cadence.operator.cli import entry; entry()",
+            *CADENCE,
             "worker",
             "--model-path",
             str(model_path),
@@ -82,15 +74,7 @@ def test_the_worker_serves_and_drains_on_sigterm(model_path: Path, tmp_path: Pat
     )
     try:
         base = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"{base}/healthz").status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline and proc.poll() is None, "the worker did not start"
-            time.sleep(0.2)
+        wait_healthy([base], [proc], within_s=60)
         auth = {"Authorization": "Bearer s3cret"}
         state = httpx.get(f"{base}/v1/state", headers=auth).json()
         assert state["worker_id"] == "w0" and state["engine"] == "emulated"

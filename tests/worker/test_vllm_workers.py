@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 
@@ -16,15 +14,11 @@ import pytest
 
 from cadence.worker.tinymodel import make_tiny_llama
 
+from .factories import CADENCE, free_port, wait_healthy
+
 TOKEN = "s3cret"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 PROMPT = [5, 17, 99, 3, 250, 8, 41, 7]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture(scope="module")
@@ -34,12 +28,10 @@ def workers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]
     env = {**os.environ, "CADENCE_TOKEN": TOKEN, "VLLM_CPU_KVCACHE_SPACE": "1"}
     urls, procs = {}, []
     for wid in ("a", "b"):
-        port = _free_port()
+        port = free_port()
         urls[wid] = f"http://127.0.0.1:{port}"
         cmd = [
-            sys.executable,
-            "-c",
-            "from cadence.operator.cli import entry; entry()",
+            *CADENCE,
             "worker",
             "--engine",
             "vllm",
@@ -60,17 +52,7 @@ def workers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]
             )
         )
     try:
-        deadline = time.monotonic() + 240
-        for url in urls.values():
-            while True:
-                try:
-                    if httpx.get(f"{url}/healthz").status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                assert time.monotonic() < deadline, "the vLLM workers did not start"
-                assert all(p.poll() is None for p in procs), "a vLLM worker exited"
-                time.sleep(0.5)
+        wait_healthy(urls.values(), procs, within_s=240)
         yield urls
     finally:
         for p in procs:
