@@ -379,7 +379,7 @@ class WorkerCore:
         partial.write_bytes(data)
         partial.replace(path)
         try:
-            self.engine.load_weights(path)
+            await self.engine.load_weights(path)
         except Exception as e:
             path.unlink(missing_ok=True)
             raise Refused(

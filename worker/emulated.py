@@ -211,11 +211,11 @@ class EmulatedEngine:
         self.requests[request.id] = request
         self.wake.set()
 
-    def load_weights(self, path: Path) -> None:
+    async def load_weights(self, path: Path) -> None:
         """Serve a new policy version; only when nothing is resident."""
         if self.requests:
             raise RuntimeError("weights change only on an empty engine")
-        self.source.load_weights(path)
+        await asyncio.to_thread(self.source.load_weights, path)
 
     def abort(self, rid: str) -> EngineRequest:
         """Stop decoding `rid` and free its KV; the request keeps what it generated."""

@@ -8,9 +8,9 @@ token accounting), so `WorkerCore` cannot tell them apart:
   with prefix caching on, so a return to a worker that still caches the prefix is cheap;
 - KV is accounted in tokens of the requests this worker holds, against the capacity
   vLLM reports (`num_gpu_blocks x block_size`);
-- each placement gets its own vLLM request id (`<id>#<n>`): an id is never reused.
-Weight reload in place (`collective_rpc` into the model runner) is not built yet: a vLLM
-worker refuses `/v1/advance` with a reason until it is.
+- each placement gets its own vLLM request id (`<id>#<n>`): an id is never reused;
+- a new policy version loads in place through `collective_rpc` into the engine process
+  (`vllm_extension.WeightLoader`), then the prefix cache is reset.
 """
 
 from __future__ import annotations
@@ -64,6 +64,7 @@ class VllmEngine:
             enforce_eager=True,
             gpu_memory_utilization=memory_utilization,
             disable_log_stats=True,
+            worker_extension_cls="cadence.worker.vllm_extension.WeightLoader",
         )
         return VllmEngine(AsyncLLM.from_engine_args(args), block_size=block_size)
 
@@ -141,8 +142,12 @@ class VllmEngine:
         finished, self._finished = self._finished, []
         return finished
 
-    def load_weights(self, path: Path) -> None:
-        raise RuntimeError("weight reload on a vLLM worker is not built yet")
+    async def load_weights(self, path: Path) -> None:
+        """Serve a new policy version; only when nothing is resident."""
+        if self.requests:
+            raise RuntimeError("weights change only on an empty engine")
+        await self.llm.collective_rpc("load_weights_file", args=(str(path),))
+        await self.llm.reset_prefix_cache()
 
     def shutdown(self) -> None:
         for task in self._tasks.values():

@@ -89,7 +89,7 @@ def test_advance_changes_the_output_to_the_new_weights(
     assert core.version == 1
     after = _greedy(core, "b", 1)
     reference = _core(base, tmp_path / "ref")
-    reference.engine.load_weights(v1)
+    asyncio.run(reference.engine.load_weights(v1))
     reference.version = 1
     assert after == _greedy(reference, "c", 1)
     assert after != before

