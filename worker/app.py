@@ -73,6 +73,10 @@ class _CoreCollector(Collector):
         yield counter("placements", "Trajectories placed here.", core.counts["placements"])
         yield counter("departures", "Trajectories departed from here.", core.counts["departures"])
         yield counter("finished", "Trajectories finished here.", core.counts["finished"])
+        yield counter("failed", "Samples ended failed (environment).", core.counts["failed"])
+        yield counter(
+            "tool_calls", "Tool calls sent to the environment.", core.counts["tool_calls"]
+        )
 
 
 async def _decode_forever(core: WorkerCore, retry_s: float = 0.2) -> None:

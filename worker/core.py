@@ -11,11 +11,14 @@ Rules kept here (DESIGN.md, "Where token state lives" and "Fencing"):
 - attempts fence: every placement carries an attempt number, a worker refuses an attempt
   older than the newest it has seen for that trajectory, and a claim by a newer attempt
   supersedes an older claim's lease;
-- the worker serves one policy version and advances only when nothing is resident.
+- the worker serves one policy version and advances only when nothing is resident;
+- a trajectory that writes a tool call departs and waits, parked, for its environment
+  (`tools.py`); only once the observation is appended can it be placed again.
 """
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import hashlib
 from collections.abc import Awaitable, Callable
@@ -43,6 +46,7 @@ from cadence.worker.api import (
 from cadence.worker.emulated import Clock, EngineRequest, RoomError
 from cadence.worker.engine import Engine
 from cadence.worker.outbox import Outbox
+from cadence.worker.tools import ToolUse
 
 
 class Refused(Exception):
@@ -78,6 +82,7 @@ class Held:
     reason: ParkReason = "evicted"
     parked_since: float | None = None
     lease: tuple[str, int, float] | None = None  # (destination, attempt, until)
+    scanned: int = 0  # tokens of this placement's output already searched for a tool call
 
     @property
     def context_ids(self) -> list[int]:
@@ -90,7 +95,21 @@ class Held:
     def generated(self) -> int:
         return sum(len(t.token_ids) for t in self.turns if t.role == "model")
 
-    def to_state(self) -> TrajectoryState:
+    def since_observation(self, limit: int | None = None) -> list[int]:
+        """The model's tokens after the last observation (the last `limit` of them)."""
+        tail: list[int] = []
+        for turn in reversed(self.turns):
+            if turn.role == "environment" or (limit is not None and len(tail) >= limit):
+                break
+            tail = turn.token_ids + tail
+        return tail if limit is None else tail[-limit:]
+
+    def to_state(self, now: float | None = None) -> TrajectoryState:
+        """The state to hand over; time parked here so far counts as pending."""
+        timings = self.timings
+        if now is not None and self.parked_since is not None:
+            pending = timings.pending_s + now - self.parked_since
+            timings = timings.model_copy(update={"pending_s": pending})
         return TrajectoryState(
             id=self.id,
             attempt=self.attempt,
@@ -100,7 +119,7 @@ class Held:
             sampling=self.sampling,
             max_tokens=self.max_tokens,
             tool_calls_left=self.tool_calls_left,
-            timings=self.timings,
+            timings=timings,
         )
 
     @staticmethod
@@ -150,6 +169,9 @@ class WorkerCore:
     handed_off: dict[str, tuple[str, int]] = field(default_factory=dict)
     counts: collections.Counter[str] = field(default_factory=collections.Counter)
     outbox: Outbox | None = None  # finished trajectories go here; kept in `finished` if None
+    tools: ToolUse | None = None  # multi-turn; without it a tool call is just text
+    eos_token_id: int | None = None
+    _waiting: set[asyncio.Task[None]] = field(default_factory=set)  # environment calls
 
     # --- observation -----------------------------------------------------------------
 
@@ -244,6 +266,8 @@ class WorkerCore:
             held = self.parked.get(req.id)
             if held is None:
                 raise Refused(404, "not_parked", f"{req.id} is not parked here")
+            if held.reason == "environment":
+                raise Refused(409, "environment", f"{req.id} is waiting for its environment")
             held.attempt = req.attempt
             self._start(held)
             del self.parked[req.id]
@@ -282,13 +306,19 @@ class WorkerCore:
         budget = held.max_tokens - held.generated
         if budget < 1:
             raise Refused(409, "finished", f"{held.id} has no tokens left to generate")
+        request = EngineRequest(
+            held.id, held.context_ids, budget, held.sampling, eos_token_id=self.eos_token_id
+        )
         try:
-            self.engine.add(EngineRequest(held.id, held.context_ids, budget, held.sampling))
+            self.engine.add(request)
         except RoomError as e:
             raise Refused(409, "no_room", str(e)) from None
         held.generated_at_placement = held.generated
+        held.scanned = 0
         held.lease = None
-        held.parked_since = None
+        if held.parked_since is not None:
+            held.timings = held.to_state(self.clock.now()).timings
+            held.parked_since = None
         self.resident[held.id] = held
         self.counts["placements"] += 1
 
@@ -340,7 +370,7 @@ class WorkerCore:
         # unacknowledged hand-off may stay in flight.
         self._fence(rid, req.attempt)
         held.lease = (req.destination, req.attempt, self.clock.now() + req.lease_s)
-        return held.to_state()
+        return held.to_state(self.clock.now())
 
     def release(self, rid: str, req: ReleaseRequest) -> None:
         """The destination acknowledged: forget the parked state it claimed."""
@@ -404,29 +434,87 @@ class WorkerCore:
     # --- decoding ------------------------------------------------------------------------
 
     async def step(self) -> list[TrajectoryState]:
-        """One engine step; finished trajectories leave for the outbox."""
+        """One engine step; trajectories that wrote a tool call leave for their
+        environment, finished ones for the outbox."""
+        finished = await self.engine.step()
+        if self.tools is not None:
+            finished = [r for r in finished if not self._scan(r, in_engine=False)]
+            for request in list(self.engine.requests.values()):
+                self._scan(request, in_engine=True)
         done = []
-        for request in await self.engine.step():
+        for request in finished:
             held = self.resident.pop(request.id)
             self._absorb(held, request)
-            state = held.to_state()
-            done.append(state)
-            self.counts["finished"] += 1
-            if self.outbox is None:
-                self.finished.append(state)
-                continue
-            self.outbox.put(
-                Delivery(
-                    id=held.id,
-                    attempt=held.attempt,
-                    version=held.version,
-                    worker_id=self.identity.worker_id,
-                    prompt_token_ids=held.prompt_token_ids,
-                    turns=held.turns,
-                    timings=held.timings,
-                    finished_at=self.clock.now(),
-                )
-            )
+            done.append(self._deliver(held))
         if self.outbox is not None:
             await self.outbox.flush()
         return done
+
+    def _deliver(self, held: Held, *, failed: bool = False) -> TrajectoryState:
+        state = held.to_state()
+        self.counts["failed" if failed else "finished"] += 1
+        if self.outbox is None:
+            self.finished.append(state)
+            return state
+        self.outbox.put(
+            Delivery(
+                id=held.id,
+                attempt=held.attempt,
+                version=held.version,
+                worker_id=self.identity.worker_id,
+                prompt_token_ids=held.prompt_token_ids,
+                turns=held.turns,
+                timings=held.timings,
+                finished_at=self.clock.now(),
+                failed=failed,
+            )
+        )
+        return state
+
+    # --- multi-turn ----------------------------------------------------------------------
+
+    def _scan(self, request: EngineRequest, *, in_engine: bool) -> bool:
+        """Depart `request`'s trajectory for its environment if it just completed a tool
+        call; True if it did (or ended because its budget ran out with the call)."""
+        assert self.tools is not None
+        held = self.resident.get(request.id)
+        out = request.output
+        if held is None or held.tool_calls_left < 1 or len(out.token_ids) <= held.scanned:
+            return False
+        seen = held.since_observation(self.tools.window) + out.token_ids[: held.scanned]
+        k = self.tools.end_of_call(seen, out.token_ids[held.scanned :])
+        cut = held.scanned + (k or 0)
+        held.scanned = len(out.token_ids)
+        if k is None:
+            return False
+        if in_engine:
+            self.engine.abort(held.id)
+        del out.token_ids[cut:], out.logprobs[cut:]
+        del self.resident[held.id]
+        self._absorb(held, request)
+        if held.generated >= held.max_tokens:  # no budget left to answer with
+            self._deliver(held)
+            return True
+        held.reason, held.parked_since = "environment", None
+        self.parked[held.id] = held
+        self.counts["tool_calls"] += 1
+        task = asyncio.get_running_loop().create_task(self._answer(held))
+        self._waiting.add(task)
+        task.add_done_callback(self._waiting.discard)
+        return True
+
+    async def _answer(self, held: Held) -> None:
+        """Ask the environment; append its observation, or end the sample failed."""
+        assert self.tools is not None
+        index = sum(1 for t in held.turns if t.role == "environment")
+        text = self.tools.decode(held.since_observation())
+        observation = await self.tools.observe(held.id, index, text)
+        if observation is None:
+            del self.parked[held.id]
+            self._deliver(held, failed=True)
+            if self.outbox is not None:
+                await self.outbox.flush()
+            return
+        held.turns.append(Turn(role="environment", token_ids=observation))
+        held.tool_calls_left -= 1
+        held.reason, held.parked_since = "ready", self.clock.now()

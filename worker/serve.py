@@ -26,6 +26,7 @@ from cadence.worker.core import Identity, WorkerCore
 from cadence.worker.emulated import EmulatedEngine, MonotonicClock
 from cadence.worker.engine import Engine
 from cadence.worker.outbox import Outbox
+from cadence.worker.tools import HttpEnvironment, ToolUse, Vocabulary
 from cadence.worker.torchsource import TorchTokenSource
 from cadence.worker.vllm_engine import VllmEngine
 
@@ -56,6 +57,9 @@ class WorkerOptions:
     engine: Literal["emulated", "vllm"] = "emulated"
     max_model_len: int = 2048  # vllm: the longest context it serves
     memory_utilization: float = 0.1  # vllm on CPU: share of host memory it may reserve
+    env_url: str | None = None  # the environment answering tool calls; none: single-turn
+    env_timeout_s: float = 30.0
+    env_tries: int = 3
 
 
 def read_token(token_file: Path | None) -> str:
@@ -92,6 +96,8 @@ def check(options: WorkerOptions) -> None:
         raise ConfigError(f"{options.model_path} holds no Hugging Face model (no config.json)")
     if options.compression <= 0:
         raise ConfigError("--compression must be positive")
+    if options.env_timeout_s <= 0:
+        raise ConfigError("--env-timeout-s must be positive")
 
 
 def build(options: WorkerOptions) -> WorkerCore:
@@ -124,6 +130,17 @@ def build(options: WorkerOptions) -> WorkerCore:
     outbox = None
     if options.trainer_url is not None:
         outbox = Outbox(TrainerSender(options.trainer_url, options.token), clock)
+    vocabulary = Vocabulary(options.model_path)
+    tools = None
+    if options.env_url is not None:
+        tools = ToolUse(
+            vocabulary.decode,
+            vocabulary.encode,
+            HttpEnvironment(options.env_url),
+            clock,
+            timeout_s=options.env_timeout_s,
+            tries=options.env_tries,
+        )
     return WorkerCore(
         Identity(options.worker_id, options.accelerator, options.affinity),
         engine,
@@ -134,6 +151,8 @@ def build(options: WorkerOptions) -> WorkerCore:
         fetch_weights=fetch,
         weights_dir=options.weights_dir,
         outbox=outbox,
+        tools=tools,
+        eos_token_id=vocabulary.eos_token_id,
     )
 
 

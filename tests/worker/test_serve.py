@@ -29,6 +29,7 @@ def model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
         (["--accelerator", "TPU9"], {"CADENCE_TOKEN": "t"}, "unknown accelerator 'TPU9'"),
         (["--model", "GPT-9"], {"CADENCE_TOKEN": "t"}, "unknown model 'GPT-9'"),
         (["--token-file", "/nonexistent/token"], {}, "cannot read token file"),
+        (["--env-timeout-s", "0"], {"CADENCE_TOKEN": "t"}, "--env-timeout-s must be positive"),
     ],
 )
 def test_bad_settings_exit_2_in_one_sentence(
