@@ -66,7 +66,7 @@ class PlaceRequest(_Body):
         return self
 
 
-ResidentState = Literal["prefilling", "decoding"]
+ResidentState = Literal["prefilling", "decoding", "preempted"]
 ParkReason = Literal["evicted", "environment", "ready"]
 
 
@@ -106,6 +106,7 @@ class WorkerState(_Body):
     parked: list[ParkedInfo]
     draining: bool
     fell_behind: bool = False  # an emulated engine that could not keep its pace
+    preemptions: int = 0  # residents the engine preempted for lack of KV (floor too low)
 
 
 class PlaceResponse(_Body):

@@ -36,6 +36,7 @@ from cadence.worker.api import (
     PlaceResponse,
     ReleaseRequest,
     ResidentInfo,
+    ResidentState,
     Sampling,
     Source,
     Timings,
@@ -138,6 +139,12 @@ class Held:
         )
 
 
+def _resident_state(request: EngineRequest | None) -> ResidentState:
+    if request is not None and request.preempted:
+        return "preempted"
+    return "decoding" if request is not None and request.prefilled else "prefilling"
+
+
 # Where a version's weights come from: the trainer, a peer, or a path.
 FetchWeights = Callable[[str], Awaitable[bytes]]
 
@@ -191,7 +198,7 @@ class WorkerCore:
                     context=len(h.context_ids) + new,
                     generated=generated,
                     decoded_since_placement=generated - h.generated_at_placement,
-                    state="decoding" if request is not None and request.prefilled else "prefilling",
+                    state=_resident_state(request),
                 )
             )
         parked = [
@@ -218,6 +225,7 @@ class WorkerCore:
             parked=parked,
             draining=self.draining,
             fell_behind=self.engine.fell_behind,
+            preemptions=self.engine.preemptions,
         )
 
     # --- placement ---------------------------------------------------------------------

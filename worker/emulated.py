@@ -136,6 +136,7 @@ class EngineRequest:
     eos_token_id: int | None = None
     output: Generation = field(default_factory=Generation)
     prefilled: bool = False
+    preempted: bool = False  # KV given up for lack of room; waits to be prefilled again
 
     @property
     def context(self) -> int:
@@ -161,10 +162,11 @@ class RoomError(RuntimeError):
 class EmulatedEngine:
     """Decodes with a `TokenSource`, paced and sized as the emulated accelerator.
 
-    `add` admits a request only when its context fits the capacity left (the control
-    loop's threshold keeps growth room; if residents outgrow the cache anyway, the newest
-    is stopped early, as vLLM would preempt it, and reported). `step` runs one decode
-    step of every resident and returns the requests that finished.
+    `add` admits a request only when its context fits the capacity left. The control
+    loop's headroom floor keeps growth room; if residents outgrow the cache anyway, the
+    newest is preempted as vLLM preempts (its KV freed, recomputed by a prefill once room
+    returns) and counted in `preemptions`. `step` runs one decode step of every running
+    resident and returns the requests that finished.
     """
 
     kind: Literal["emulated"] = "emulated"
@@ -185,6 +187,7 @@ class EmulatedEngine:
         self.max_batch = max_batch
         self.requests: dict[str, EngineRequest] = {}
         self.decoded_tokens = 0
+        self.preemptions = 0
         self.wake = asyncio.Event()
 
     @property
@@ -196,7 +199,7 @@ class EmulatedEngine:
         return self.pacer.fell_behind
 
     def used_tokens(self) -> int:
-        return sum(r.context for r in self.requests.values())
+        return sum(r.context for r in self.requests.values() if not r.preempted)
 
     def add(self, request: EngineRequest) -> None:
         if request.id in self.requests:
@@ -210,6 +213,16 @@ class EmulatedEngine:
             )
         self.requests[request.id] = request
         self.wake.set()
+
+    def _preempt_while_over(self) -> None:
+        running = [r for r in self.requests.values() if not r.preempted]
+        for r in reversed(running[1:]):  # the newest first; the oldest always runs
+            if self.used_tokens() <= self.capacity_tokens:
+                return
+            if not r.done:
+                r.preempted = True
+                self.preemptions += 1
+                self.source.forget(r.id)
 
     async def load_weights(self, path: Path) -> None:
         """Serve a new policy version; only when nothing is resident."""
@@ -228,13 +241,19 @@ class EmulatedEngine:
         if not self.requests:
             self.pacer.idle()
             return []
-        fresh = [r for r in self.requests.values() if not r.prefilled]
+        for r in self.requests.values():  # the oldest preempted first, as room returns
+            if r.preempted and self.used_tokens() + r.context <= self.capacity_tokens:
+                r.preempted, r.prefilled = False, False
+        running = [r for r in self.requests.values() if not r.preempted]
+        fresh = [r for r in running if not r.prefilled]
         if fresh:
             self.pacer.begin(sum(self.pacer.prefill_s(r.context) for r in fresh))
             for r in fresh:
                 r.prefilled = True
             await self.pacer.finish()
-        batch = list(self.requests.values())
+        batch = running
+        if not batch:  # cannot happen while one running request is never preempted
+            return []
         self.pacer.begin(self.pacer.step_s(len(batch), self.used_tokens()))
         # Off the event loop, so the API answers while a step computes; a request evicted
         # meanwhile keeps what it had when it left, and this step's token for it is void.
@@ -246,6 +265,7 @@ class EmulatedEngine:
                 r.output.logprobs.append(s.logprob)
                 stepped.append(r)
         self.decoded_tokens += len(stepped)
+        self._preempt_while_over()
         await self.pacer.finish()
         finished = [r for r in stepped if r.done]
         for r in finished:

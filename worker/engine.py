@@ -24,6 +24,9 @@ class Engine(Protocol):
     @property
     def fell_behind(self) -> bool: ...
 
+    @property
+    def preemptions(self) -> int: ...  # residents the engine preempted for lack of KV
+
     def used_tokens(self) -> int: ...
 
     def add(self, request: EngineRequest) -> None: ...

@@ -6,8 +6,10 @@ token accounting), so `WorkerCore` cannot tell them apart:
   here as they stream, since vLLM's abort returns nothing (../shared/notes/vllm-cpu.md);
 - a resume is a new request whose prompt is the old prompt plus every generated token,
   with prefix caching on, so a return to a worker that still caches the prefix is cheap;
-- KV is accounted in tokens of the requests this worker holds, against the capacity
-  vLLM reports (`num_gpu_blocks x block_size`);
+- KV capacity is what vLLM allocated (`num_gpu_blocks x block_size`); KV use is the
+  larger of the tokens this worker's requests hold and the block share vLLM reports
+  with each step (`vllm_stats`): the engine's figure counts whole blocks, ours is exact
+  between steps and right after an abort, when the engine has not reported yet;
 - each placement gets its own vLLM request id (`<id>#<n>`): an id is never reused;
 - a new policy version loads in place through `collective_rpc` into the engine process
   (`vllm_extension.WeightLoader`), then the prefix cache is reset.
@@ -18,17 +20,30 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 from cadence.worker.emulated import EngineRequest, RoomError
 
 
+@dataclass
+class EngineStats:
+    """What vLLM reports with each step (fed by `vllm_stats.StatsSink`)."""
+
+    kv_usage: float = 0.0  # share of KV blocks referenced by running requests
+    preemptions: int = 0
+    prefix_queries: int = 0  # prompt tokens looked up in the prefix cache
+    prefix_hits: int = 0
+    steps: int = 0
+
+
 class VllmEngine:
     kind: Literal["vllm"] = "vllm"
 
-    def __init__(self, llm: Any, *, block_size: int) -> None:
+    def __init__(self, llm: Any, *, block_size: int, stats: EngineStats | None = None) -> None:
         self.llm = llm
+        self.stats = stats
         blocks = llm.vllm_config.cache_config.num_gpu_blocks
         self._capacity = int(blocks) * block_size
         self.requests: dict[str, EngineRequest] = {}
@@ -54,6 +69,8 @@ class VllmEngine:
         from vllm.engine.arg_utils import AsyncEngineArgs  # noqa: PLC0415
         from vllm.v1.engine.async_llm import AsyncLLM  # noqa: PLC0415
 
+        from cadence.worker import vllm_stats  # noqa: PLC0415 (imports vLLM)
+
         args = AsyncEngineArgs(
             model=str(model_path),
             dtype="bfloat16",
@@ -63,10 +80,12 @@ class VllmEngine:
             enable_prefix_caching=True,
             enforce_eager=True,
             gpu_memory_utilization=memory_utilization,
-            disable_log_stats=True,
+            disable_log_stats=False,
             worker_extension_cls="cadence.worker.vllm_extension.WeightLoader",
         )
-        return VllmEngine(AsyncLLM.from_engine_args(args), block_size=block_size)
+        stats = EngineStats()
+        llm = AsyncLLM.from_engine_args(args, stat_loggers=[vllm_stats.factory(stats)])
+        return VllmEngine(llm, block_size=block_size, stats=stats)
 
     @property
     def capacity_tokens(self) -> int:
@@ -76,8 +95,15 @@ class VllmEngine:
     def fell_behind(self) -> bool:
         return False  # real time is the only time a real engine has
 
+    @property
+    def preemptions(self) -> int:
+        return self.stats.preemptions if self.stats is not None else 0
+
     def used_tokens(self) -> int:
-        return sum(r.context for r in self.requests.values())
+        held = sum(r.context for r in self.requests.values())
+        if not self.requests or self.stats is None:
+            return held
+        return max(held, round(self.stats.kv_usage * self._capacity))
 
     def add(self, request: EngineRequest) -> None:
         if request.id in self.requests:

@@ -107,6 +107,28 @@ def test_requests_decode_to_their_budget_and_account_their_kv() -> None:
     assert engine.used_tokens() == 0
 
 
+def test_residents_that_outgrow_the_cache_preempt_the_newest_until_room_returns() -> None:
+    clock = FakeClock()
+    engine = _engine(clock, capacity=100)
+    engine.add(EngineRequest("old", [1] * 40, max_new_tokens=20))
+    engine.add(EngineRequest("new", [2] * 40, max_new_tokens=30))
+
+    async def run() -> list[tuple[str, bool, int]]:
+        seen = []
+        while engine.requests:
+            for r in await engine.step():
+                seen.append((r.id, r.preempted, len(r.output.token_ids)))
+            assert engine.used_tokens() <= engine.capacity_tokens
+            if engine.requests.get("new") is not None and engine.requests["new"].preempted:
+                seen.append(("new", True, -1))
+        return seen
+
+    seen = asyncio.run(run())
+    assert engine.preemptions == 1
+    assert ("new", True, -1) in seen  # it waited while "old" ran to its end
+    assert [s for s in seen if s[2] >= 0] == [("old", False, 20), ("new", False, 30)]
+
+
 def test_a_request_that_does_not_fit_is_refused_and_nothing_changes() -> None:
     engine = _engine(FakeClock(), capacity=1_000)
     engine.add(EngineRequest("a", [1] * 900, max_new_tokens=10))

@@ -77,6 +77,27 @@ def test_capacity_is_what_vllm_allocated(engines: tuple[VllmEngine, VllmEngine])
     assert a.capacity_tokens == 64 * 32
 
 
+def test_kv_use_follows_what_vllm_reports(
+    engines: tuple[VllmEngine, VllmEngine], loop: asyncio.AbstractEventLoop
+) -> None:
+    a, _ = engines
+    assert a.stats is not None
+
+    async def run() -> tuple[float, int]:
+        request = EngineRequest("kv", PROMPT * 8, 200, GREEDY)  # 64 tokens: two blocks
+        a.add(request)
+        while len(request.output.token_ids) < 5:
+            await a.step()
+        reported, used = a.stats.kv_usage, a.used_tokens()
+        a.abort("kv")
+        return reported, used
+
+    reported, used = loop.run_until_complete(run())
+    assert reported >= 3 / 64  # whole blocks: 69 tokens or more take three of 64
+    assert used == round(reported * a.capacity_tokens) > 64 + 5
+    assert a.used_tokens() == 0
+
+
 @pytest.mark.parametrize("hops", [1, 3])
 def test_a_moved_greedy_trajectory_is_token_identical(
     engines: tuple[VllmEngine, VllmEngine], loop: asyncio.AbstractEventLoop, hops: int

@@ -1,0 +1,48 @@
+"""What vLLM's engine reports about itself, read as it reports it.
+
+The async engine runs its scheduler in another process, so its KV use cannot be read
+from the block pool directly; it arrives with every step's scheduler statistics. A stat
+logger (vLLM's interface for custom metrics sinks) keeps the latest figures here.
+Imported only where vLLM runs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vllm.config import VllmConfig
+from vllm.v1.metrics.loggers import StatLoggerBase
+
+from cadence.worker.vllm_engine import EngineStats
+
+
+class StatsSink(StatLoggerBase):
+    def __init__(self, stats: EngineStats) -> None:
+        self.stats = stats
+
+    def record(
+        self,
+        scheduler_stats: Any,
+        iteration_stats: Any,
+        mm_cache_stats: Any = None,
+        engine_idx: int = 0,
+    ) -> None:
+        if scheduler_stats is not None:
+            self.stats.kv_usage = float(scheduler_stats.kv_cache_usage)
+            self.stats.prefix_queries += int(scheduler_stats.prefix_cache_stats.queries)
+            self.stats.prefix_hits += int(scheduler_stats.prefix_cache_stats.hits)
+            self.stats.steps += 1
+        if iteration_stats is not None:
+            self.stats.preemptions += int(iteration_stats.num_preempted_reqs)
+
+    def log_engine_initialized(self) -> None:
+        pass
+
+
+def factory(stats: EngineStats) -> Any:
+    """A per-engine stat logger factory for `AsyncLLM(stat_loggers=[...])`."""
+
+    def make(vllm_config: VllmConfig, engine_index: int = 0) -> StatsSink:
+        return StatsSink(stats)
+
+    return make
