@@ -307,6 +307,16 @@ def _cmd_bench_worker_api(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_bench_emulation(args: argparse.Namespace) -> int:
+    if args.compression <= 0 or args.seconds <= 0:
+        raise UsageError("--compression and --seconds must be positive")
+    # Imported here: torch takes seconds to import, and no other subcommand needs it.
+    from cadence.bench.emulation import main as emulation_main  # noqa: PLC0415
+
+    emulation_main(args.workers, args.residents, args.seconds, args.compression)
+    return 0
+
+
 def _cmd_worker(args: argparse.Namespace) -> int:
     # Imported here: torch takes seconds to import, and most subcommands never need it.
     from cadence.worker import serve  # noqa: PLC0415
@@ -479,6 +489,18 @@ def build_parser() -> argparse.ArgumentParser:
         "--lengths", default="64,256,512,1024", help="comma-separated generated lengths"
     )
     mg.set_defaults(run=_cmd_bench_migration)
+    em = benches.add_parser(
+        "emulation",
+        help="how closely emulated workers keep pace in wall time together (prints JSON)",
+        description="Run WORKERS emulated engines (half H800, half A910X) in one process, "
+        "each decoding RESIDENTS trajectories for SECONDS, and report each one's pace: "
+        "modelled step time over wall time (1.0 kept pace).",
+    )
+    em.add_argument("--workers", type=_at_least(1), default=8)
+    em.add_argument("--residents", type=_at_least(1), default=32)
+    em.add_argument("--seconds", type=float, default=20.0)
+    em.add_argument("--compression", type=float, default=1.0, help="time compression factor")
+    em.set_defaults(run=_cmd_bench_emulation)
     return parser
 
 

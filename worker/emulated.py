@@ -76,6 +76,7 @@ class Pacer:
     lag_s: float = 0.0  # total time the host ran past its deadlines
     steps: int = 0
     scheduled_s: list[float] = field(default_factory=list)  # the last few step durations
+    scheduled_total_s: float = 0.0  # modelled time of every step so far
 
     def __post_init__(self) -> None:
         if self.compression <= 0:
@@ -93,6 +94,7 @@ class Pacer:
         start = self.clock.now() if self.deadline is None else self.deadline
         self.deadline = start + duration
         self.steps += 1
+        self.scheduled_total_s += duration
         self.scheduled_s.append(duration)
         del self.scheduled_s[:-64]
         return self.deadline

@@ -81,14 +81,15 @@ def test_kv_use_follows_what_vllm_reports(
     engines: tuple[VllmEngine, VllmEngine], loop: asyncio.AbstractEventLoop
 ) -> None:
     a, _ = engines
-    assert a.stats is not None
+    stats = a.stats
+    assert stats is not None
 
     async def run() -> tuple[float, int]:
         request = EngineRequest("kv", PROMPT * 8, 200, GREEDY)  # 64 tokens: two blocks
         a.add(request)
         while len(request.output.token_ids) < 5:
             await a.step()
-        reported, used = a.stats.kv_usage, a.used_tokens()
+        reported, used = stats.kv_usage, a.used_tokens()
         a.abort("kv")
         return reported, used
 
