@@ -81,6 +81,9 @@ class VllmEngine:
             enforce_eager=True,
             gpu_memory_utilization=memory_utilization,
             disable_log_stats=False,
+            # The trainer's importance ratios need the logprobs of the distribution the
+            # token was drawn from (after temperature and top-p), not vLLM's raw default.
+            logprobs_mode="processed_logprobs",
             worker_extension_cls="cadence.worker.vllm_extension.WeightLoader",
         )
         stats = EngineStats()

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
+from transformers import AutoModelForCausalLM
 
 from cadence.worker.api import Sampling
 from cadence.worker.emulated import EngineRequest
@@ -113,6 +114,35 @@ def test_a_moved_greedy_trajectory_is_token_identical(
         generated += loop.run_until_complete(_run(engine, f"t{hops}-{hop}", generated, stop))
     assert generated == whole
     assert a.used_tokens() == 0 and b.used_tokens() == 0
+
+
+def test_logprobs_are_those_sampled_from_also_across_a_move(
+    engines: tuple[VllmEngine, VllmEngine], loop: asyncio.AbstractEventLoop, model_path: Path
+) -> None:
+    a, b = engines
+    sampling = Sampling(temperature=0.5, seed=3)
+
+    async def run(
+        engine: VllmEngine, rid: str, context: list[int]
+    ) -> tuple[list[int], list[float]]:
+        request = EngineRequest(rid, context, 10, sampling)
+        engine.add(request)
+        while rid in engine.requests:
+            await engine.step()
+        return request.output.token_ids, request.output.logprobs
+
+    first, lp_first = loop.run_until_complete(run(a, "lp-a", PROMPT))
+    second, lp_second = loop.run_until_complete(run(b, "lp-b", PROMPT + first))
+    tokens, given = first + second, torch.tensor(lp_first + lp_second)
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    with torch.inference_mode():
+        logits = model(torch.tensor([PROMPT + tokens])).logits[0, len(PROMPT) - 1 : -1]
+    chosen = torch.tensor(tokens)[:, None]
+    processed = torch.log_softmax(logits / 0.5, dim=-1).gather(1, chosen)[:, 0]
+    raw = torch.log_softmax(logits, dim=-1).gather(1, chosen)[:, 0]
+    assert len(tokens) == 20
+    assert (given - processed).abs().max() < 0.05  # bf16 in vLLM, fp32 here
+    assert (given - raw).abs().mean() > 0.1  # and not the raw distribution's
 
 
 def _perturbed(model_path: Path, into: Path) -> Path:
