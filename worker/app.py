@@ -70,6 +70,7 @@ class _CoreCollector(Collector):
         yield gauge("version", "Policy version served (-1: none yet).", core.version or -1)
         yield gauge("fell_behind", "1 if the emulated pace was missed.", engine.fell_behind)
         yield counter("decoded_tokens", "Tokens decoded.", engine.decoded_tokens)
+        yield gauge("tokens_per_second", "Decode throughput over the last 10 s.", core.throughput())
         yield counter("preemptions", "Residents preempted for lack of KV.", engine.preemptions)
         yield counter("placements", "Trajectories placed here.", core.counts["placements"])
         yield counter("departures", "Trajectories departed from here.", core.counts["departures"])

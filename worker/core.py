@@ -145,6 +145,8 @@ def _resident_state(request: EngineRequest | None) -> ResidentState:
     return "decoding" if request is not None and request.prefilled else "prefilling"
 
 
+THROUGHPUT_WINDOW_S = 10.0
+
 # Where a version's weights come from: the trainer, a peer, or a path.
 FetchWeights = Callable[[str], Awaitable[bytes]]
 
@@ -179,6 +181,8 @@ class WorkerCore:
     tools: ToolUse | None = None  # multi-turn; without it a tool call is just text
     eos_token_id: int | None = None
     _waiting: set[asyncio.Task[None]] = field(default_factory=set)  # environment calls
+    # (time, tokens decoded so far) after each step, over the last THROUGHPUT_WINDOW_S.
+    _progress: collections.deque[tuple[float, int]] = field(default_factory=collections.deque)
 
     # --- observation -----------------------------------------------------------------
 
@@ -445,6 +449,10 @@ class WorkerCore:
         """One engine step; trajectories that wrote a tool call leave for their
         environment, finished ones for the outbox."""
         finished = await self.engine.step()
+        now = self.clock.now()
+        self._progress.append((now, self.engine.decoded_tokens))
+        while self._progress and self._progress[0][0] < now - THROUGHPUT_WINDOW_S:
+            self._progress.popleft()
         if self.tools is not None:
             finished = [r for r in finished if not self._scan(r, in_engine=False)]
             for request in list(self.engine.requests.values()):
@@ -453,10 +461,19 @@ class WorkerCore:
         for request in finished:
             held = self.resident.pop(request.id)
             self._absorb(held, request)
-            done.append(self._deliver(held))
+            done.append(self._deliver(held, failed=request.error is not None))
         if self.outbox is not None:
             await self.outbox.flush()
         return done
+
+    def throughput(self) -> float:
+        """Tokens decoded per second over the last THROUGHPUT_WINDOW_S of steps."""
+        if len(self._progress) < 2:
+            return 0.0
+        (t0, n0), (t1, n1) = self._progress[0], self._progress[-1]
+        if t1 - t0 <= 0 or self.clock.now() - t1 > THROUGHPUT_WINDOW_S:
+            return 0.0
+        return (n1 - n0) / (t1 - t0)
 
     def _deliver(self, held: Held, *, failed: bool = False) -> TrajectoryState:
         state = held.to_state()

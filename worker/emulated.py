@@ -139,6 +139,7 @@ class EngineRequest:
     output: Generation = field(default_factory=Generation)
     prefilled: bool = False
     preempted: bool = False  # KV given up for lack of room; waits to be prefilled again
+    error: str | None = None  # the engine failed it; the sample ends marked failed
 
     @property
     def context(self) -> int:

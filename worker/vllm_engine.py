@@ -44,6 +44,7 @@ class VllmEngine:
     def __init__(self, llm: Any, *, block_size: int, stats: EngineStats | None = None) -> None:
         self.llm = llm
         self.stats = stats
+        self.max_model_len = int(llm.vllm_config.model_config.max_model_len)
         blocks = llm.vllm_config.cache_config.num_gpu_blocks
         self._capacity = int(blocks) * block_size
         self.requests: dict[str, EngineRequest] = {}
@@ -111,6 +112,8 @@ class VllmEngine:
     def add(self, request: EngineRequest) -> None:
         if request.id in self.requests:
             raise ValueError(f"{request.id} is already resident")
+        if request.context >= self.max_model_len:
+            raise RoomError(f"{request.context} tokens reach max_model_len {self.max_model_len}")
         if self.used_tokens() + request.context > self.capacity_tokens:
             left = self.capacity_tokens - self.used_tokens()
             raise RoomError(f"{request.context} tokens do not fit: {left} left")
@@ -128,7 +131,9 @@ class VllmEngine:
             temperature=s.temperature,
             top_p=s.top_p,
             seed=s.seed,
-            max_tokens=request.max_new_tokens,
+            # vLLM refuses a request whose budget runs past the model length; the
+            # trajectory ends there anyway ("length"), as vLLM would end it.
+            max_tokens=min(request.max_new_tokens, self.max_model_len - request.context),
             logprobs=0,
             output_kind=RequestOutputKind.DELTA,
         )
@@ -148,6 +153,12 @@ class VllmEngine:
                 if out.finished:
                     del self.requests[request.id]
                     self._finished.append(request)
+                self._progress.set()
+        except Exception as e:  # vLLM refused or failed the request: it ends, marked
+            if self.requests.get(request.id) is request:
+                del self.requests[request.id]
+                request.error = f"{type(e).__name__}: {e}"
+                self._finished.append(request)
                 self._progress.set()
         finally:
             if self._tasks.get(request.id) is asyncio.current_task():

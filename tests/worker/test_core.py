@@ -153,3 +153,17 @@ def test_drain_departs_every_resident_and_refuses_new_work() -> None:
     with pytest.raises(Refused) as e:
         asyncio.run(a.place(fresh("z")))
     assert e.value.reason == "draining"
+
+
+def test_throughput_is_tokens_per_modelled_second_and_falls_to_zero_when_idle() -> None:
+    pool = Pool()
+    a = pool.add("a")
+    for i in range(4):
+        asyncio.run(a.place(fresh(f"t{i}", max_tokens=1000)))
+    _steps(a, 2)  # the prefill, then steady decoding
+    start, decoded = pool.clock.now(), a.engine.decoded_tokens
+    _steps(a, 20)
+    expected = (a.engine.decoded_tokens - decoded) / (pool.clock.now() - start)
+    assert a.throughput() == pytest.approx(expected, rel=0.1)
+    pool.clock.work(60.0)
+    assert a.throughput() == 0.0

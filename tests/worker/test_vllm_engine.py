@@ -15,7 +15,7 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 
 from cadence.worker.api import Sampling
-from cadence.worker.emulated import EngineRequest
+from cadence.worker.emulated import EngineRequest, RoomError
 from cadence.worker.tinymodel import make_tiny_llama
 from cadence.worker.vllm_engine import VllmEngine
 
@@ -143,6 +143,26 @@ def test_logprobs_are_those_sampled_from_also_across_a_move(
     assert len(tokens) == 20
     assert (given - processed).abs().max() < 0.05  # bf16 in vLLM, fp32 here
     assert (given - raw).abs().mean() > 0.1  # and not the raw distribution's
+
+
+def test_a_trajectory_ends_at_the_model_length_and_a_longer_one_is_refused(
+    engines: tuple[VllmEngine, VllmEngine], loop: asyncio.AbstractEventLoop
+) -> None:
+    a, _ = engines
+    near = (PROMPT * 125)[:1000]  # max_model_len is 1024
+    tokens = loop.run_until_complete(_run_budget(a, "long", near, 100))
+    assert len(tokens) == 24
+    with pytest.raises(RoomError, match="max_model_len"):
+        a.add(EngineRequest("too-long", PROMPT * 128, 10, GREEDY))
+
+
+async def _run_budget(engine: VllmEngine, rid: str, context: list[int], budget: int) -> list[int]:
+    request = EngineRequest(rid, context, budget, GREEDY)
+    engine.add(request)
+    while rid in engine.requests:
+        await engine.step()
+    assert request.error is None
+    return request.output.token_ids
 
 
 def _perturbed(model_path: Path, into: Path) -> Path:
