@@ -67,7 +67,11 @@ class _CoreCollector(Collector):
         yield gauge("kv_used_tokens", "KV cache in use, tokens.", used)
         yield gauge("kv_capacity_tokens", "KV cache capacity, tokens.", engine.capacity_tokens)
         yield gauge("headroom_tokens", "KV capacity minus use.", engine.capacity_tokens - used)
-        yield gauge("version", "Policy version served (-1: none yet).", core.version or -1)
+        yield gauge(
+            "version",
+            "Policy version served (-1: none yet).",
+            -1 if core.version is None else core.version,
+        )
         yield gauge("fell_behind", "1 if the emulated pace was missed.", engine.fell_behind)
         yield counter("decoded_tokens", "Tokens decoded.", engine.decoded_tokens)
         yield gauge("tokens_per_second", "Decode throughput over the last 10 s.", core.throughput())

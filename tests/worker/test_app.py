@@ -133,6 +133,8 @@ def test_metrics_and_probes_are_open() -> None:
         'cadence_worker_placements_total{accelerator="H800",engine="emulated",worker="a"} 1.0'
         in r.text
     )
+    version = 'cadence_worker_version{accelerator="H800",engine="emulated",worker="a"} 0.0'
+    assert version in r.text  # version 0 is a version, not "none yet"
     assert _raw(router, "GET", "/healthz").status_code == 200
     assert _raw(router, "GET", "/readyz").status_code == 200
     a.drain()
