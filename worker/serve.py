@@ -183,6 +183,10 @@ def serve(options: WorkerOptions) -> None:
         core = build(options)  # vLLM's engine binds to the loop it starts on
         app = create_app(core, options.token)
         config = uvicorn.Config(app, host=options.host, port=options.port, log_level="info")
-        await _DrainingServer(config, core, options.grace_s).serve()
+        try:
+            await _DrainingServer(config, core, options.grace_s).serve()
+        finally:
+            if isinstance(core.engine, VllmEngine):
+                core.engine.shutdown()  # inside the loop, where vLLM closes its sockets
 
     asyncio.run(run())

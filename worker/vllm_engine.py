@@ -190,6 +190,8 @@ class VllmEngine:
         await self.llm.reset_prefix_cache()
 
     def shutdown(self) -> None:
+        """Stop vLLM. Call it inside the event loop the engine ran on: vLLM closes its
+        sockets there, and a socket left open hangs the process at its last collection."""
         for task in self._tasks.values():
             task.cancel()
         self.llm.shutdown()

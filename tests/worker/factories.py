@@ -3,11 +3,14 @@ and pools of cores wired to each other directly (the HTTP hop left out)."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 
 import httpx
@@ -150,3 +153,41 @@ def wait_healthy(
             assert time.monotonic() < deadline, "the worker did not start in time"
             assert all(p.poll() is None for p in procs), "a worker exited"
             time.sleep(0.2)
+
+
+@contextlib.contextmanager
+def worker_processes(
+    ids: Sequence[str],
+    args: Callable[[str], list[str]],
+    *,
+    cwd: Path,
+    env: dict[str, str],
+    within_s: float,
+) -> Iterator[dict[str, str]]:
+    """`cadence worker` processes, one per id with `args(id)` added, each on a free port;
+    yields their URLs once all are healthy, and stops them (SIGTERM, then kill)."""
+    urls, procs = {}, []
+    try:
+        for wid in ids:
+            port = free_port()
+            urls[wid] = f"http://127.0.0.1:{port}"
+            cmd = [*CADENCE, "worker", "--id", wid, "--port", str(port), *args(wid)]
+            procs.append(
+                subprocess.Popen(
+                    cmd,
+                    cwd=cwd,
+                    env={**os.environ, **env},
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+            )
+        wait_healthy(urls.values(), procs, within_s=within_s)
+        yield urls
+    finally:
+        for p in procs:
+            p.send_signal(signal.SIGTERM)
+        for p in procs:
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()

@@ -4,19 +4,15 @@ takes it over, and the dead destination's late messages are refused."""
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
 
 from cadence.worker.tinymodel import make_tiny_llama
 
-from .factories import CADENCE, free_port, wait_healthy
+from .factories import worker_processes
 
 AUTH = {"Authorization": "Bearer s3cret"}
 
@@ -24,33 +20,14 @@ AUTH = {"Authorization": "Bearer s3cret"}
 @pytest.fixture(scope="module")
 def workers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     model = make_tiny_llama(tmp_path_factory.mktemp("tiny"))
-    cwd: Path = tmp_path_factory.mktemp("run")
-    env = {**os.environ, "CADENCE_TOKEN": "s3cret"}
-    urls, procs = {}, []
-    for wid in ("a", "c"):
-        port = free_port()
-        urls[wid] = f"http://127.0.0.1:{port}"
-        cmd = [*CADENCE, "worker", "--id", wid, "--port", str(port), "--model-path", str(model)]
-        procs.append(
-            subprocess.Popen(
-                [*cmd, "--grace-s", "1"],
-                cwd=cwd,
-                env=env,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            )
-        )
-    try:
-        wait_healthy(urls.values(), procs, within_s=120)
+    with worker_processes(
+        ["a", "c"],
+        lambda _: ["--model-path", str(model), "--grace-s", "1"],
+        cwd=tmp_path_factory.mktemp("run"),
+        env={"CADENCE_TOKEN": "s3cret"},
+        within_s=120,
+    ) as urls:
         yield urls
-    finally:
-        for p in procs:
-            p.send_signal(signal.SIGTERM)
-        for p in procs:
-            try:
-                p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                p.kill()
 
 
 def _state(url: str) -> dict[str, object]:

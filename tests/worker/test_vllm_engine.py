@@ -49,8 +49,12 @@ def engines(
 
     a, b = loop.run_until_complete(start())
     yield a, b
-    a.shutdown()
-    b.shutdown()
+
+    async def stop() -> None:  # in the loop: vLLM closes its sockets there
+        a.shutdown()
+        b.shutdown()
+
+    loop.run_until_complete(stop())
 
 
 @pytest.fixture(scope="module")

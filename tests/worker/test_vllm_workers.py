@@ -5,9 +5,6 @@ advance to a new policy version, one from a file and one from its peer's copy.""
 from __future__ import annotations
 
 import hashlib
-import os
-import signal
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,7 +16,7 @@ from safetensors.torch import load_file, save_file
 
 from cadence.worker.tinymodel import make_tiny_llama
 
-from .factories import CADENCE, free_port, wait_healthy
+from .factories import worker_processes
 
 TOKEN = "s3cret"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -34,45 +31,17 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def workers(model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     cwd = tmp_path_factory.mktemp("run")
-    env = {**os.environ, "CADENCE_TOKEN": TOKEN, "VLLM_CPU_KVCACHE_SPACE": "1"}
-    urls, procs = {}, []
-    for wid in ("a", "b"):
-        port = free_port()
-        urls[wid] = f"http://127.0.0.1:{port}"
-        cmd = [
-            *CADENCE,
-            "worker",
-            "--engine",
-            "vllm",
-            "--id",
-            wid,
-            "--port",
-            str(port),
-            "--model-path",
-            str(model),
-            "--max-model-len",
-            "1024",
-            "--grace-s",
-            "1",
-            "--weights-dir",
-            str(cwd / wid),
-        ]
-        procs.append(
-            subprocess.Popen(
-                cmd, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-            )
-        )
-    try:
-        wait_healthy(urls.values(), procs, within_s=240)
+    with worker_processes(
+        ["a", "b"],
+        lambda wid: [
+            *("--engine", "vllm", "--model-path", str(model), "--max-model-len", "1024"),
+            *("--grace-s", "1", "--weights-dir", str(cwd / wid)),
+        ],
+        cwd=cwd,
+        env={"CADENCE_TOKEN": TOKEN, "VLLM_CPU_KVCACHE_SPACE": "1"},
+        within_s=240,
+    ) as urls:
         yield urls
-    finally:
-        for p in procs:
-            p.send_signal(signal.SIGTERM)
-        for p in procs:
-            try:
-                p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                p.kill()
 
 
 def _generated(url: str, rid: str) -> int:
