@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -21,7 +22,8 @@ def _run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str,
 
 
 def test_help_lists_the_subcommands() -> None:
-    exe = shutil.which("cadence")
+    # The script installed beside this interpreter, whether or not its venv is on PATH.
+    exe = shutil.which("cadence", path=str(Path(sys.executable).parent))
     assert exe is not None, "the console script is not installed"
     done = subprocess.run([exe, "--help"], capture_output=True, text=True, check=True)
     assert "plan" in done.stdout
