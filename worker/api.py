@@ -135,6 +135,8 @@ class Turn(_Body):
 
 
 class Timings(_Body):
+    """Wall-clock seconds since the epoch (comparable across hosts), and durations."""
+
     admitted_at: float | None = None
     first_step_at: float | None = None
     pending_s: float = 0.0  # time spent departed, waiting for a placement
@@ -205,7 +207,7 @@ class Delivery(_Body):
     prompt_token_ids: TokenIds
     turns: list[Turn]
     timings: Timings
-    finished_at: float
+    finished_at: float  # wall clock, seconds since the epoch
     failed: bool = False  # ended without a valid completion (an environment gave up)
 
     @property

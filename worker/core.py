@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import hashlib
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -180,6 +181,9 @@ class WorkerCore:
     outbox: Outbox | None = None  # finished trajectories go here; kept in `finished` if None
     tools: ToolUse | None = None  # multi-turn; without it a tool call is just text
     eos_token_id: int | None = None
+    # Timestamps a sample carries between workers and to the trainer are wall-clock
+    # (comparable across hosts); `clock` paces and measures durations on this one.
+    wall: Callable[[], float] = time.time
     _waiting: set[asyncio.Task[None]] = field(default_factory=set)  # environment calls
     # (time, tokens decoded so far) after each step, over the last THROUGHPUT_WINDOW_S.
     _progress: collections.deque[tuple[float, int]] = field(default_factory=collections.deque)
@@ -269,7 +273,7 @@ class WorkerCore:
                 f.sampling,
                 f.max_tokens,
                 f.max_tool_calls,
-                Timings(first_step_at=self.clock.now()),
+                Timings(first_step_at=self.wall()),
             )
             self._start(held)
             return self._placed(held)
@@ -490,7 +494,7 @@ class WorkerCore:
                 prompt_token_ids=held.prompt_token_ids,
                 turns=held.turns,
                 timings=held.timings,
-                finished_at=self.clock.now(),
+                finished_at=self.wall(),
                 failed=failed,
             )
         )

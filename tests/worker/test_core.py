@@ -167,3 +167,18 @@ def test_throughput_is_tokens_per_modelled_second_and_falls_to_zero_when_idle() 
     assert a.throughput() == pytest.approx(expected, rel=0.1)
     pool.clock.work(60.0)
     assert a.throughput() == 0.0
+
+
+def test_time_parked_counts_as_pending_across_a_hand_off() -> None:
+    pool = Pool()
+    a, b = pool.add("a"), pool.add("b")
+    asyncio.run(a.place(fresh("t")))
+    _steps(a, 3)
+    a.evict("t")
+    pool.clock.work(5.0)
+    asyncio.run(b.place(moved("t", pool.source("a"), attempt=1)))
+    _steps(b, 2)
+    b.evict("t")
+    pool.clock.work(2.0)
+    asyncio.run(b.place(moved("t", pool.source("b"), attempt=2)))
+    assert b.resident["t"].timings.pending_s == pytest.approx(7.0)
