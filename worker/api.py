@@ -208,6 +208,7 @@ class Delivery(_Body):
     turns: list[Turn]
     timings: Timings
     finished_at: float  # wall clock, seconds since the epoch
+    sampling: Sampling = Sampling()  # what the logprobs were computed under
     failed: bool = False  # ended without a valid completion (an environment gave up)
 
     @property

@@ -495,6 +495,7 @@ class WorkerCore:
                 turns=held.turns,
                 timings=held.timings,
                 finished_at=self.wall(),
+                sampling=held.sampling,
                 failed=failed,
             )
         )

@@ -1,0 +1,88 @@
+"""One GRPO update: advantages per group with failed samples masked, logprobs recomputed
+as the worker sampled them, and a step that makes rewarded completions likelier."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from cadence.trainer.grpo import Scored, UpdateConfig, advantages, token_logprobs, update
+from cadence.worker.api import Sampling
+from cadence.worker.emulated import EngineRequest
+from cadence.worker.tinymodel import make_tiny_llama
+from cadence.worker.torchsource import TorchTokenSource
+
+from .factories import delivery
+
+PROMPT = [5, 17, 99, 3, 250, 8, 41, 7]
+
+
+@pytest.fixture(scope="module")
+def model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny_llama(tmp_path_factory.mktemp("tiny"))
+
+
+def _model(path: Path) -> Any:
+    model: Any = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    return model.eval()
+
+
+def test_group_advantages_are_normalised_per_group_and_failed_samples_masked() -> None:
+    batch = [
+        Scored(0, delivery("a"), 1.0),
+        Scored(0, delivery("b"), 0.0),
+        Scored(0, delivery("c", failed=True), 0.0),
+        Scored(1, delivery("d"), 0.5),
+        Scored(1, delivery("e"), 0.5),
+    ]
+    adv = advantages(batch, "group")
+    assert adv[0] == pytest.approx(0.7071, abs=1e-3) and adv[1] == pytest.approx(-0.7071, abs=1e-3)
+    assert adv[2] == 0.0  # masked
+    assert adv[3] == adv[4] == 0.0  # no variance, no signal
+    assert advantages(batch, "batch")[3] == pytest.approx(0.0)
+
+
+def _sampled(path: Path, temperature: float, n: int = 12) -> tuple[list[int], list[float]]:
+    """Tokens and logprobs exactly as the emulated worker's source produces them."""
+    source = TorchTokenSource(path)
+    request = EngineRequest("r", PROMPT, n, Sampling(temperature=temperature, seed=7))
+    for _ in range(n):
+        s = source.next_tokens([request])[0]
+        request.output.token_ids.append(s.token)
+        request.output.logprobs.append(s.logprob)
+    return request.output.token_ids, request.output.logprobs
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.7, 1.0])
+def test_recomputed_logprobs_match_the_workers(model_path: Path, temperature: float) -> None:
+    tokens, logprobs = _sampled(model_path, temperature)
+    with torch.inference_mode():
+        mine = token_logprobs(_model(model_path), PROMPT + tokens, temperature)[len(PROMPT) - 1 :]
+    assert torch.allclose(mine, torch.tensor(logprobs), atol=1e-4)
+
+
+@pytest.mark.parametrize("lr", [1e-2, 0.0])
+def test_an_update_makes_the_rewarded_completion_likelier(model_path: Path, lr: float) -> None:
+    model = _model(model_path)
+    good, good_lp = _sampled(model_path, 1.0, 8)
+    bad = [(t + 1) % 1000 for t in good]
+    with torch.inference_mode():
+        bad_lp = token_logprobs(model, PROMPT + bad, 1.0)[len(PROMPT) - 1 :].tolist()
+    batch = [
+        Scored(0, delivery("g", prompt=PROMPT, tokens=good, logprobs=good_lp), 1.0),
+        Scored(0, delivery("b", prompt=PROMPT, tokens=bad, logprobs=bad_lp), 0.0),
+    ]
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    stats = update(model, optimizer, batch, UpdateConfig())
+    assert stats.max_abs_logprob_diff < 1e-4 and stats.tokens == 16
+    with torch.inference_mode():
+        after = token_logprobs(model, PROMPT + good, 1.0)[len(PROMPT) - 1 :].sum().item()
+    before = sum(good_lp)
+    if lr > 0:
+        assert after > before + 0.1
+    else:
+        assert after == pytest.approx(before, abs=1e-4)

@@ -1,0 +1,69 @@
+"""The ledger: every admitted sample ends exactly once, only its current attempt's
+delivery counts, and a batch is consumed once, with the version it published."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from cadence.trainer.ledger import Ledger, LedgerError, sample_id
+
+from .factories import delivery
+
+
+def _ledger(path: Path, groups: int = 2) -> Ledger:
+    ledger = Ledger(path / "ledger.db", group_size=2, batch_groups=1)
+    for g in range(groups):
+        ledger.admit([10 + g, 11], answer=str(g))
+    return ledger
+
+
+def test_admission_numbers_groups_and_batches(tmp_path: Path) -> None:
+    ledger = _ledger(tmp_path, groups=3)
+    assert ledger.cursor == 3
+    assert [(s.id, s.batch, s.state) for s in ledger.samples()][:3] == [
+        ("g0-s0", 0, "fresh"),
+        ("g0-s1", 0, "fresh"),
+        ("g1-s0", 1, "fresh"),
+    ]
+    assert ledger.group(1).prompt == [11, 11] and ledger.group(1).answer == "1"
+
+
+def test_only_the_current_attempt_is_delivered_and_only_once(tmp_path: Path) -> None:
+    ledger = _ledger(tmp_path)
+    sid = sample_id(0, 0)
+    assert ledger.record(sid, 0, "placed", worker="a", version=0)
+    assert ledger.requeue(sid) == 1  # worker a was lost
+    assert not ledger.record(sid, 0, "parked", worker="a")  # a's late news is ignored
+    assert ledger.deliver(delivery(sid, attempt=0), reward=1.0) == "stale"
+    assert ledger.deliver(delivery(sid, attempt=1), reward=1.0) == "accepted"
+    assert ledger.deliver(delivery(sid, attempt=1), reward=1.0) == "duplicate"
+    assert ledger.deliver(delivery("nope"), reward=1.0) == "unknown"
+    s = ledger.sample(sid)
+    assert (s.state, s.attempt, s.reward, s.worker) == ("delivered", 1, 1.0, None)
+    with pytest.raises(LedgerError, match="not re-queued"):
+        ledger.requeue(sid)
+
+
+def test_a_batch_is_consumed_once_with_its_version_and_survives_a_restart(
+    tmp_path: Path,
+) -> None:
+    ledger = _ledger(tmp_path)
+    ledger.deliver(delivery("g0-s0"), reward=0.5)
+    assert not ledger.batch_complete(0)
+    with pytest.raises(LedgerError, match="not complete"):
+        ledger.consume(0, published=1)
+    ledger.deliver(delivery("g0-s1", failed=True), reward=0.0)
+    assert ledger.batch_complete(0) and not ledger.batch_complete(1)
+    assert [s.id for s, _ in ledger.deliveries(0)] == ["g0-s0", "g0-s1"]
+    ledger.consume(0, published=1)
+    with pytest.raises(LedgerError, match="not next"):
+        ledger.consume(0, published=1)
+    ledger.close()
+
+    reopened = Ledger(tmp_path / "ledger.db", group_size=2, batch_groups=1)
+    assert (reopened.version, reopened.consumed_batches, reopened.cursor) == (1, 1, 2)
+    assert reopened.counts() == {"consumed": 2, "fresh": 2, "failed": 1}
+    with pytest.raises(LedgerError, match="group_size 2, not 4"):
+        Ledger(tmp_path / "ledger.db", group_size=4, batch_groups=1)

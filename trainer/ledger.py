@@ -1,0 +1,314 @@
+"""The ledger: the dataset cursor and every admitted sample's record, in SQLite.
+
+It is the one durable account of the rollout (DESIGN.md, "Ledger"): everything else (the
+control loop's view, the workers' residents) can be rebuilt from it and from the
+workers. Each sample has one current attempt; only that attempt's delivery is accepted,
+once. A sample the ledger shows in flight that no worker holds is re-queued from its
+prompt, fresh and unbound, under the next attempt. A batch is consumed exactly once, in
+the same transaction that records the version its update published, so a trainer that
+dies between training and committing trains that batch again from the same weights,
+and never twice into the published line.
+
+States: `fresh` (admitted, not started, unbound), `placed` (resident on `worker`),
+`parked` (departed, token state on `worker`), `environment` (parked on `worker`, waiting
+for its observation), `delivered` (finished; the delivery is stored), `consumed`.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from cadence.worker.api import Delivery
+
+SampleState = Literal["fresh", "placed", "parked", "environment", "delivered", "consumed"]
+IN_FLIGHT: tuple[SampleState, ...] = ("placed", "parked", "environment")
+Accepted = Literal["accepted", "duplicate", "stale", "unknown"]
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS groups (
+    grp INTEGER PRIMARY KEY,
+    prompt TEXT NOT NULL,          -- JSON list of token ids
+    answer TEXT NOT NULL           -- what the verifier checks against
+);
+CREATE TABLE IF NOT EXISTS samples (
+    id TEXT PRIMARY KEY,
+    grp INTEGER NOT NULL REFERENCES groups(grp),
+    batch INTEGER NOT NULL,
+    attempt INTEGER NOT NULL,
+    state TEXT NOT NULL,
+    worker TEXT,
+    version INTEGER,               -- bound when it first starts decoding
+    reward REAL,
+    failed INTEGER NOT NULL DEFAULT 0,
+    delivery TEXT                  -- the accepted Delivery, JSON
+);
+CREATE INDEX IF NOT EXISTS samples_by_batch ON samples (batch, state);
+CREATE INDEX IF NOT EXISTS samples_by_state ON samples (state, worker);
+"""
+
+
+class LedgerError(ValueError):
+    """A request the ledger's rules forbid; the message is one sentence."""
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    id: str
+    group: int
+    batch: int
+    attempt: int
+    state: SampleState
+    worker: str | None
+    version: int | None
+    reward: float | None
+    failed: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Group:
+    index: int
+    prompt: list[int]
+    answer: str
+
+
+class Ledger:
+    def __init__(self, path: Path | str, *, group_size: int, batch_groups: int) -> None:
+        """Open (or create) the ledger at `path`. A ledger remembers its shape: opening it
+        with another group size or batch size is refused."""
+        self.db = sqlite3.connect(str(path), isolation_level=None)
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("PRAGMA synchronous=FULL")
+        self.db.executescript(_SCHEMA)
+        shape = {"group_size": str(group_size), "batch_groups": str(batch_groups)}
+        with self._tx():
+            for key, value in shape.items():
+                stored = self._meta(key)
+                if stored is None:
+                    self._set(key, value)
+                elif stored != value:
+                    raise LedgerError(f"the ledger at {path} has {key} {stored}, not {value}")
+            if self._meta("cursor") is None:
+                self._set("cursor", "0")
+                self._set("version", "0")
+                self._set("consumed", "0")  # batches consumed so far
+        self.group_size = group_size
+        self.batch_groups = batch_groups
+
+    def close(self) -> None:
+        self.db.close()
+
+    # --- plumbing --------------------------------------------------------------------
+
+    @contextmanager
+    def _tx(self) -> Iterator[None]:
+        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
+        self.db.execute("COMMIT")
+
+    def _meta(self, key: str) -> str | None:
+        row = self.db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return None if row is None else str(row[0])
+
+    def _set(self, key: str, value: str) -> None:
+        self.db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (key, value))
+
+    def _int(self, key: str) -> int:
+        value = self._meta(key)
+        assert value is not None
+        return int(value)
+
+    # --- the cursor and versions -------------------------------------------------------
+
+    @property
+    def cursor(self) -> int:
+        """Groups admitted so far (the next group's number)."""
+        return self._int("cursor")
+
+    @property
+    def version(self) -> int:
+        """The newest published version."""
+        return self._int("version")
+
+    @property
+    def consumed_batches(self) -> int:
+        return self._int("consumed")
+
+    def admit(self, prompt: Sequence[int], answer: str) -> Group:
+        """Admit the next group: `group_size` fresh samples of one prompt."""
+        with self._tx():
+            k = self._int("cursor")
+            self.db.execute(
+                "INSERT INTO groups (grp, prompt, answer) VALUES (?, ?, ?)",
+                (k, json.dumps(list(prompt)), answer),
+            )
+            self.db.executemany(
+                "INSERT INTO samples (id, grp, batch, attempt, state) VALUES (?, ?, ?, 0, 'fresh')",
+                [(sample_id(k, i), k, k // self.batch_groups) for i in range(self.group_size)],
+            )
+            self._set("cursor", str(k + 1))
+        return Group(k, list(prompt), answer)
+
+    def group(self, index: int) -> Group:
+        row = self.db.execute(
+            "SELECT prompt, answer FROM groups WHERE grp = ?", (index,)
+        ).fetchone()
+        if row is None:
+            raise LedgerError(f"group {index} was never admitted")
+        return Group(index, json.loads(row[0]), str(row[1]))
+
+    # --- samples -------------------------------------------------------------------------
+
+    def sample(self, sid: str) -> Sample:
+        row = self.db.execute(
+            "SELECT id, grp, batch, attempt, state, worker, version, reward, failed "
+            "FROM samples WHERE id = ?",
+            (sid,),
+        ).fetchone()
+        if row is None:
+            raise LedgerError(f"sample {sid} was never admitted")
+        return _sample(row)
+
+    def samples(self, *states: SampleState) -> list[Sample]:
+        query = (
+            "SELECT id, grp, batch, attempt, state, worker, version, reward, failed FROM samples"
+        )
+        if states:
+            query += f" WHERE state IN ({', '.join('?' * len(states))})"
+        return [_sample(r) for r in self.db.execute(query + " ORDER BY grp, id", states)]
+
+    def record(
+        self,
+        sid: str,
+        attempt: int,
+        state: SampleState,
+        *,
+        worker: str | None = None,
+        version: int | None = None,
+    ) -> bool:
+        """Record where the current attempt of `sid` is now (placed/parked/environment).
+        An older attempt's news, or news about a finished sample, is ignored: False."""
+        if state not in IN_FLIGHT:
+            raise LedgerError(f"record() takes an in-flight state, not {state!r}")
+        with self._tx():
+            cur = self.db.execute(
+                "UPDATE samples SET state = ?, worker = ?, version = COALESCE(version, ?) "
+                "WHERE id = ? AND attempt = ? AND state IN ('fresh', 'placed', 'parked', "
+                "'environment')",
+                (state, worker, version, sid, attempt),
+            )
+        return cur.rowcount == 1
+
+    def requeue(self, sid: str) -> int:
+        """Back to fresh and unbound under the next attempt (its partial output is gone);
+        returns the new attempt. A delivered or consumed sample is not re-queued."""
+        with self._tx():
+            s = self.sample(sid)
+            if s.state in ("delivered", "consumed"):
+                raise LedgerError(f"sample {sid} is {s.state}; it is not re-queued")
+            self.db.execute(
+                "UPDATE samples SET state = 'fresh', worker = NULL, version = NULL, "
+                "attempt = attempt + 1 WHERE id = ?",
+                (sid,),
+            )
+        return s.attempt + 1
+
+    def deliver(self, delivery: Delivery, reward: float) -> Accepted:
+        """Accept a finished sample from its current attempt, once."""
+        with self._tx():
+            row = self.db.execute(
+                "SELECT attempt, state FROM samples WHERE id = ?", (delivery.id,)
+            ).fetchone()
+            if row is None:
+                return "unknown"
+            attempt, state = int(row[0]), str(row[1])
+            if state in ("delivered", "consumed"):
+                return "duplicate" if attempt == delivery.attempt else "stale"
+            if attempt != delivery.attempt:
+                return "stale"
+            self.db.execute(
+                "UPDATE samples SET state = 'delivered', worker = NULL, version = ?, "
+                "reward = ?, failed = ?, delivery = ? WHERE id = ?",
+                (
+                    delivery.version,
+                    reward,
+                    int(delivery.failed),
+                    delivery.model_dump_json(),
+                    delivery.id,
+                ),
+            )
+        return "accepted"
+
+    # --- batches -------------------------------------------------------------------------
+
+    def batch_complete(self, u: int) -> bool:
+        """Every sample of batch `u` admitted and delivered."""
+        if self.cursor < (u + 1) * self.batch_groups:
+            return False
+        row = self.db.execute(
+            "SELECT COUNT(*) FROM samples WHERE batch = ? AND state != 'delivered'", (u,)
+        ).fetchone()
+        return int(row[0]) == 0
+
+    def deliveries(self, u: int) -> list[tuple[Sample, Delivery]]:
+        """Batch `u`'s samples with their deliveries, in group then sample order."""
+        rows = self.db.execute(
+            "SELECT id, grp, batch, attempt, state, worker, version, reward, failed, delivery "
+            "FROM samples WHERE batch = ? ORDER BY grp, id",
+            (u,),
+        ).fetchall()
+        out = []
+        for r in rows:
+            if r[9] is None:
+                raise LedgerError(f"sample {r[0]} of batch {u} has not been delivered")
+            out.append((_sample(r[:9]), Delivery.model_validate_json(r[9])))
+        return out
+
+    def consume(self, u: int, published: int) -> None:
+        """Batch `u` trained into version `published` (= u + 1): both recorded at once."""
+        with self._tx():
+            if u != self._int("consumed"):
+                raise LedgerError(f"batch {u} is not next: {self._int('consumed')} is")
+            if published != u + 1:
+                raise LedgerError(f"update {u} publishes version {u + 1}, not {published}")
+            if not self.batch_complete(u):
+                raise LedgerError(f"batch {u} is not complete")
+            self.db.execute("UPDATE samples SET state = 'consumed' WHERE batch = ?", (u,))
+            self._set("consumed", str(u + 1))
+            self._set("version", str(published))
+
+    def counts(self) -> dict[str, int]:
+        rows = self.db.execute("SELECT state, COUNT(*) FROM samples GROUP BY state")
+        counts = {str(state): int(n) for state, n in rows}
+        failed = self.db.execute("SELECT COUNT(*) FROM samples WHERE failed = 1").fetchone()
+        counts["failed"] = int(failed[0])
+        return counts
+
+
+def sample_id(group: int, index: int) -> str:
+    return f"g{group}-s{index}"
+
+
+def _sample(row: Sequence[object]) -> Sample:
+    sid, grp, batch, attempt, state, worker, version, reward, failed = row
+    return Sample(
+        id=str(sid),
+        group=int(str(grp)),
+        batch=int(str(batch)),
+        attempt=int(str(attempt)),
+        state=state,  # type: ignore[arg-type]
+        worker=None if worker is None else str(worker),
+        version=None if version is None else int(str(version)),
+        reward=None if reward is None else float(str(reward)),
+        failed=bool(failed),
+    )
