@@ -8,7 +8,7 @@ function of the completion's text and the answer stored with its group in the le
   trailing period, equal numeric values such as `0.50` and `1/2`): 1 or 0.
 - `format`: 1 when the completion has exactly one `\\boxed{...}` answer, else 0.
 - `digits`: the toy task the learning test uses (see `task.py`): the share of the
-  completion's first characters that are digits.
+  completion's first characters that are the answer's digit.
 """
 
 from __future__ import annotations
@@ -52,11 +52,14 @@ def format_reward(text: str, answer: str) -> float:
     return 1.0 if len(_BOXED.findall(text)) == 1 else 0.0
 
 
+DIGITS_CHARS = 16
+
+
 def digits_reward(text: str, answer: str) -> float:
-    """Share of the first `answer` characters (a count) of `text` that are digits."""
-    n = int(answer)
-    head = text[:n]
-    return sum(c.isdigit() for c in head) / n if n > 0 else 0.0
+    """Share of the first DIGITS_CHARS characters of `text`, spaces left out, that are
+    the digit `answer` (missing characters count as wrong)."""
+    head = text.replace(" ", "")[:DIGITS_CHARS]
+    return sum(c == answer for c in head) / DIGITS_CHARS
 
 
 VERIFIERS: dict[str, Verifier] = {

@@ -1,13 +1,14 @@
 """Tasks: where prompts and their answers come from, and which verifier scores them.
 
 `digits` is the toy task the learning test and `cadence bench learn` use. The prompt
-asks for a long number; the reward is the share of digits among the first
-`DIGITS_CHARS` characters the model writes. It is verifiable, dense (every sample gets
-a graded reward, so a group rarely has zero variance) and learnable by a tiny
-random-weight model in a few versions, because it only asks the policy to move mass
-onto the vocabulary's digit tokens: a random model writes few digits (the tokenizer's
-vocabulary is mostly letters), a trained one writes mostly digits. A learning rate of 0
-leaves it where it started, which is the control.
+asks for a run of sevens; the reward is the share of the first 16 characters the model
+writes (spaces left out) that are "7". It is verifiable, graded (most groups have some
+variance for GRPO to use) and learnable by a tiny random-weight model in about fifteen
+versions: a random model writes a seven about one character in twenty, and the policy
+only has to move its mass onto the vocabulary's sevens ("7", "77", " 77", ...). A
+learning rate of 0 leaves it where it started, which is the control. A learning rate
+too high collapses the policy onto the first token that scores at all (" 277" scores
+0.63) before it finds the better ones; measured in the README.
 
 `arithmetic` pairs calculator-style questions with their answers for the `math`
 verifier (and the calculator environment on multi-turn runs).
@@ -20,8 +21,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from cadence.trainer.rewards import VERIFIERS, Verifier
-
-DIGITS_CHARS = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,7 +40,7 @@ class Task:
         while True:
             a, b = rng.randint(2, 99), rng.randint(2, 99)
             if self.name == "digits":
-                yield Prompt(f"Write a long number after {a} and {b}:", str(DIGITS_CHARS))
+                yield Prompt(f"After {a} and {b}, write 7 again and again:", "7")
             else:
                 yield Prompt(f"What is {a} + {b}? Use <tool>calc ...</tool>.", str(a + b))
 

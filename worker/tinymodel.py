@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 # Text the tokenizer learns its merges from: the reference environment's calculator
@@ -30,6 +30,7 @@ def make_tiny_llama(path: Path, *, vocab_size: int = 1024, seed: int = 0) -> Pat
     path.mkdir(parents=True, exist_ok=True)
     bpe = Tokenizer(models.BPE(unk_token="<unk>"))
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()  # so decoded text has spaces, not "Ġ"
     specials = ["<unk>", "<s>", "</s>", "<pad>"]
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,

@@ -31,6 +31,7 @@ def test_extraction_prefers_the_last_boxed_answer() -> None:
 def test_format_and_digits() -> None:
     assert format_reward("\\boxed{3}", "") == 1.0
     assert format_reward("\\boxed{3} \\boxed{4}", "") == 0.0
-    assert digits_reward("12ab", "4") == 0.5
-    assert digits_reward("1234567890123456 and more", "16") == 1.0
-    assert digits_reward("", "16") == 0.0
+    assert digits_reward("7777 7777 7777 7777 and more", "7") == 1.0
+    assert digits_reward(" 277" * 8, "7") == pytest.approx(10 / 16)  # "2772772772772772"
+    assert digits_reward("77", "7") == 2 / 16  # what is missing counts as wrong
+    assert digits_reward("", "7") == 0.0
