@@ -49,6 +49,7 @@ CREATE TABLE IF NOT EXISTS samples (
     failed INTEGER NOT NULL DEFAULT 0,
     delivery TEXT                  -- the accepted Delivery, JSON
 );
+CREATE TABLE IF NOT EXISTS updates (version INTEGER PRIMARY KEY, stats TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS samples_by_batch ON samples (batch, state);
 CREATE INDEX IF NOT EXISTS samples_by_state ON samples (state, worker);
 """
@@ -82,7 +83,8 @@ class Ledger:
     def __init__(self, path: Path | str, *, group_size: int, batch_groups: int) -> None:
         """Open (or create) the ledger at `path`. A ledger remembers its shape: opening it
         with another group size or batch size is refused."""
-        self.db = sqlite3.connect(str(path), isolation_level=None)
+        # One connection; callers serialise access (the trainer holds a lock around it).
+        self.db = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=FULL")
         self.db.executescript(_SCHEMA)
@@ -196,16 +198,18 @@ class Ledger:
         worker: str | None = None,
         version: int | None = None,
     ) -> bool:
-        """Record where the current attempt of `sid` is now (placed/parked/environment).
-        An older attempt's news, or news about a finished sample, is ignored: False."""
+        """Record where `sid` is now (placed/parked/environment) under `attempt`. A newer
+        attempt replaces the current one (the control loop records a placement before
+        it makes it, so a delivery from that attempt is never refused as stale); an older
+        attempt's news, or news about a finished sample, is ignored: False."""
         if state not in IN_FLIGHT:
             raise LedgerError(f"record() takes an in-flight state, not {state!r}")
         with self._tx():
             cur = self.db.execute(
-                "UPDATE samples SET state = ?, worker = ?, version = COALESCE(version, ?) "
-                "WHERE id = ? AND attempt = ? AND state IN ('fresh', 'placed', 'parked', "
-                "'environment')",
-                (state, worker, version, sid, attempt),
+                "UPDATE samples SET state = ?, worker = ?, version = COALESCE(version, ?), "
+                "attempt = ? WHERE id = ? AND attempt <= ? AND state IN ('fresh', 'placed', "
+                "'parked', 'environment')",
+                (state, worker, version, attempt, sid, attempt),
             )
         return cur.rowcount == 1
 
@@ -274,8 +278,9 @@ class Ledger:
             out.append((_sample(r[:9]), Delivery.model_validate_json(r[9])))
         return out
 
-    def consume(self, u: int, published: int) -> None:
-        """Batch `u` trained into version `published` (= u + 1): both recorded at once."""
+    def consume(self, u: int, published: int, stats: str = "{}") -> None:
+        """Batch `u` trained into version `published` (= u + 1): both recorded at once,
+        with the update's statistics (JSON)."""
         with self._tx():
             if u != self._int("consumed"):
                 raise LedgerError(f"batch {u} is not next: {self._int('consumed')} is")
@@ -284,8 +289,33 @@ class Ledger:
             if not self.batch_complete(u):
                 raise LedgerError(f"batch {u} is not complete")
             self.db.execute("UPDATE samples SET state = 'consumed' WHERE batch = ?", (u,))
+            self.db.execute(
+                "INSERT INTO updates (version, stats) VALUES (?, ?)", (published, stats)
+            )
             self._set("consumed", str(u + 1))
             self._set("version", str(published))
+
+    def updates(self) -> list[tuple[int, str]]:
+        """(published version, statistics JSON) of every update, oldest first."""
+        rows = self.db.execute("SELECT version, stats FROM updates ORDER BY version")
+        return [(int(v), str(stats)) for v, stats in rows]
+
+    def reward_by_version(self) -> dict[int, float]:
+        """Mean reward of the delivered samples generated under each version (failed
+        samples left out)."""
+        rows = self.db.execute(
+            "SELECT version, AVG(reward) FROM samples WHERE state IN ('delivered', 'consumed') "
+            "AND failed = 0 GROUP BY version ORDER BY version"
+        )
+        return {int(v): float(r) for v, r in rows}
+
+    def versions_in_use(self) -> set[int]:
+        """Versions some unfinished (started, not consumed) sample is bound to."""
+        rows = self.db.execute(
+            "SELECT DISTINCT version FROM samples WHERE version IS NOT NULL "
+            "AND state IN ('placed', 'parked', 'environment')"
+        )
+        return {int(r[0]) for r in rows}
 
     def counts(self) -> dict[str, int]:
         rows = self.db.execute("SELECT state, COUNT(*) FROM samples GROUP BY state")

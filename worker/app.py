@@ -11,33 +11,26 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Iterable
 
-from fastapi import Depends, FastAPI, Request, Response
-from fastapi.exceptions import RequestValidationError
+from fastapi import FastAPI, Response
 from fastapi.responses import FileResponse, JSONResponse
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from cadence.worker import web
 from cadence.worker.api import (
-    MAX_BODY_BYTES,
     AdvanceRequest,
     ClaimRequest,
     EvictResponse,
     PlaceRequest,
     PlaceResponse,
-    Problem,
     ReleaseRequest,
     TrajectoryState,
     WorkerState,
 )
 from cadence.worker.core import Refused, WorkerCore
-
-
-def _problem(status: int, reason: str, message: str) -> JSONResponse:
-    return JSONResponse(Problem(error=message, reason=reason).model_dump(), status_code=status)
 
 
 class _CoreCollector(Collector):
@@ -101,9 +94,6 @@ async def _decode_forever(core: WorkerCore, retry_s: float = 0.2) -> None:
 
 
 def create_app(core: WorkerCore, token: str, *, run_decode_loop: bool = True) -> FastAPI:
-    if not token:
-        raise ValueError("the worker needs a bearer token")
-
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         task = asyncio.create_task(_decode_forever(core)) if run_decode_loop else None
@@ -117,35 +107,7 @@ def create_app(core: WorkerCore, token: str, *, run_decode_loop: bool = True) ->
     registry = CollectorRegistry()
     registry.register(_CoreCollector(core))
 
-    @app.middleware("http")
-    async def limit_body(
-        request: Request, call_next: Callable[[Request], Awaitable[Response]]
-    ) -> Response:
-        length = request.headers.get("content-length")
-        if length is not None and length.isdigit() and int(length) > MAX_BODY_BYTES:
-            return _problem(413, "too_large", f"the body exceeds {MAX_BODY_BYTES} bytes")
-        if length is None and request.method == "POST":
-            body = await request.body()
-            if len(body) > MAX_BODY_BYTES:
-                return _problem(413, "too_large", f"the body exceeds {MAX_BODY_BYTES} bytes")
-        return await call_next(request)
-
-    @app.exception_handler(Refused)
-    async def refused(_: Request, e: Refused) -> JSONResponse:
-        return _problem(e.status, e.reason, str(e))
-
-    @app.exception_handler(RequestValidationError)
-    async def invalid(_: Request, e: RequestValidationError) -> JSONResponse:
-        first = e.errors()[0] if e.errors() else {"loc": (), "msg": "invalid body"}
-        where = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or "body"
-        return _problem(422, "invalid", f"{where}: {first.get('msg', 'invalid')}")
-
-    def authorised(request: Request) -> None:
-        given = request.headers.get("authorization", "")
-        if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
-            raise Refused(401, "unauthorised", "a valid bearer token is required")
-
-    guarded = [Depends(authorised)]
+    guarded = web.install(app, token, refusals=(Refused,))
 
     @app.get("/v1/state", dependencies=guarded)
     async def state() -> WorkerState:
@@ -190,7 +152,7 @@ def create_app(core: WorkerCore, token: str, *, run_decode_loop: bool = True) ->
     @app.get("/readyz")
     async def readyz() -> JSONResponse:
         if core.draining:
-            return _problem(503, "draining", "the worker is draining")
+            return web.problem(503, "draining", "the worker is draining")
         return JSONResponse({"status": "ready"})
 
     return app

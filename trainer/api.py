@@ -1,0 +1,86 @@
+"""The trainer's HTTP API, version 1: the bodies the service validates and the client
+sends. Workers deliver finished samples here; the control loop reads the ledger's view,
+admits groups and records where samples are; external trainers read batches."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from cadence.trainer.ledger import SampleState
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class FreshView(_Body):
+    id: str
+    group: int
+    attempt: int
+
+
+class InFlight(_Body):
+    id: str
+    group: int
+    attempt: int
+    state: SampleState
+    worker: str | None
+    version: int | None
+
+
+class LedgerView(_Body):
+    """GET /v1/ledger: what the control loop needs to rebuild its view."""
+
+    version: int
+    cursor: int  # groups admitted
+    consumed: int  # batches trained
+    total_groups: int
+    group_size: int
+    batch_groups: int
+    admission_limit: int
+    prompts: dict[int, list[int]]  # prompt token ids of every group with fresh samples
+    fresh: list[FreshView]
+    in_flight: list[InFlight]
+    max_tokens: int
+    temperature: float
+
+
+class VersionInfo(_Body):
+    version: int
+    sha256: str
+    weights_path: str  # relative to the trainer's URL
+
+
+class AdmitRequest(_Body):
+    groups: int = Field(ge=1, le=100_000)
+
+
+class AdmitResponse(_Body):
+    groups: list[int]
+
+
+class RecordRequest(_Body):
+    attempt: int = Field(ge=0)
+    state: Literal["placed", "parked", "environment"]
+    worker: str = Field(min_length=1)
+    version: int | None = Field(default=None, ge=0)
+
+
+class RequeueResponse(_Body):
+    attempt: int
+
+
+class IngestResponse(_Body):
+    result: Literal["accepted", "duplicate"]
+    reward: float | None
+
+
+class RunStats(_Body):
+    version: int
+    consumed: int
+    iterations: int
+    counts: dict[str, int]
+    reward_by_version: dict[int, float]
+    done: bool

@@ -1,0 +1,158 @@
+"""The trainer without HTTP: admission from the dataset cursor, ingest with rewards, one
+update per complete batch, publishing, and resuming from the ledger.
+
+Exactly once: a batch is trained only when the ledger says it is next and complete, the
+new version's weights and the optimizer's state are written (atomically) before the
+ledger records the batch consumed and the version published, in one transaction. A
+trainer that dies in between restarts from the ledger's version, whose weights and
+optimizer state are on disk, and trains the batch again from the same point: the
+half-finished version it wrote is overwritten, never served as published.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import threading
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+from transformers import AutoModelForCausalLM
+
+from cadence.trainer.grpo import Scored, UpdateConfig, UpdateStats, update
+from cadence.trainer.ledger import Accepted, Group, Ledger
+from cadence.trainer.task import TASKS
+from cadence.trainer.weights import WeightStore, load_optimizer, save_optimizer
+from cadence.worker.api import Delivery
+from cadence.worker.tools import Vocabulary
+
+
+class TrainerConfig(BaseModel):
+    """A training run's trainer side (the TrainingRun resource carries the same fields)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model_path: Path
+    state_dir: Path  # the ledger, published weights and optimizer state (a volume)
+    task: Literal["digits", "arithmetic"] = "digits"
+    group_size: int = Field(default=8, ge=2)  # samples per prompt
+    batch_groups: int = Field(default=8, ge=1)  # B
+    iterations: int = Field(default=20, ge=1)  # batches to train
+    eta: int = Field(default=1, ge=0)
+    learning_rate: float = Field(default=2e-2, ge=0.0)
+    clip_eps: float = Field(default=0.2, gt=0.0)
+    epochs: int = Field(default=1, ge=1)
+    advantages: Literal["group", "batch"] = "group"
+    max_tokens: int = Field(default=12, ge=1)
+    temperature: float = Field(default=1.0, ge=0.0)
+    seed: int = 0
+
+
+class Trainer:
+    def __init__(self, config: TrainerConfig) -> None:
+        self.config = config
+        self.task = TASKS[config.task]
+        config.state_dir.mkdir(parents=True, exist_ok=True)
+        self.ledger = Ledger(
+            config.state_dir / "ledger.db",
+            group_size=config.group_size,
+            batch_groups=config.batch_groups,
+        )
+        self.store = WeightStore(config.state_dir / "weights")
+        self.vocabulary = Vocabulary(config.model_path)
+        model: Any = AutoModelForCausalLM.from_pretrained(config.model_path, dtype=torch.float32)
+        self.model: Any = model.eval()
+        torch.manual_seed(config.seed)
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=config.learning_rate)
+        self._lock = threading.Lock()  # the ledger's connection is used from two threads
+        version = self.ledger.version
+        if version == 0:
+            self.store.publish(self.model, 0)
+        else:
+            self.store.load_into(self.model, version)
+            load_optimizer(self.optimizer, self.model, self._optimizer_path(version))
+        self.store.retain(self._kept())
+        self._prompts = self.task.prompts(config.seed)
+        for _ in range(self.ledger.cursor):  # the stream resumes where admission stopped
+            next(self._prompts)
+
+    def _optimizer_path(self, version: int) -> Path:
+        return self.config.state_dir / "weights" / f"optimizer-v{version}.safetensors"
+
+    def _kept(self) -> set[int]:
+        return self.ledger.versions_in_use() | {self.ledger.version}
+
+    @property
+    def total_groups(self) -> int:
+        return self.config.iterations * self.config.batch_groups
+
+    # --- admission and ingest ----------------------------------------------------------
+
+    def admission_limit(self) -> int:
+        """Groups the staleness bound allows now (DESIGN.md): k < (v + eta + 1) * B."""
+        bound = (self.ledger.version + self.config.eta + 1) * self.config.batch_groups
+        return min(bound, self.total_groups)
+
+    def admit(self, groups: int) -> list[Group]:
+        with self._lock:
+            room = max(0, self.admission_limit() - self.ledger.cursor)
+            admitted = []
+            for _ in range(min(groups, room)):
+                prompt = next(self._prompts)
+                admitted.append(
+                    self.ledger.admit(self.vocabulary.encode(prompt.text), prompt.answer)
+                )
+            return admitted
+
+    def reward(self, delivery: Delivery, answer: str) -> float:
+        if delivery.failed:
+            return 0.0
+        text = self.vocabulary.decode(
+            [t for turn in delivery.turns if turn.role == "model" for t in turn.token_ids]
+        )
+        return self.task.score(text, answer)
+
+    def ingest(self, delivery: Delivery) -> tuple[Accepted, float | None]:
+        with self._lock:
+            try:
+                sample = self.ledger.sample(delivery.id)
+            except ValueError:
+                return "unknown", None
+            reward = self.reward(delivery, self.ledger.group(sample.group).answer)
+            return self.ledger.deliver(delivery, reward), reward
+
+    # --- training -----------------------------------------------------------------------
+
+    def ready(self) -> bool:
+        with self._lock:
+            u = self.ledger.consumed_batches
+            return u < self.config.iterations and self.ledger.batch_complete(u)
+
+    def train_next(self) -> UpdateStats | None:
+        """Train the next batch if it is complete; publish its version. Blocking."""
+        with self._lock:
+            u = self.ledger.consumed_batches
+            if u >= self.config.iterations or not self.ledger.batch_complete(u):
+                return None
+            batch = [Scored(s.group, d, s.reward or 0.0) for s, d in self.ledger.deliveries(u)]
+        config = UpdateConfig(
+            clip_eps=self.config.clip_eps,
+            epochs=self.config.epochs,
+            advantages=self.config.advantages,
+        )
+        stats = update(self.model, self.optimizer, batch, config)
+        self.store.publish(self.model, u + 1)
+        save_optimizer(self.optimizer, self.model, self._optimizer_path(u + 1))
+        with self._lock:
+            self.ledger.consume(u, u + 1, json.dumps(dataclasses.asdict(stats)))
+            self.store.retain(self._kept())
+            for old in range(u + 1):
+                self._optimizer_path(old).unlink(missing_ok=True)
+        return stats
+
+    def reward_by_version(self) -> dict[int, float]:
+        """Mean reward of the samples each version generated, oldest first."""
+        with self._lock:
+            return self.ledger.reward_by_version()
