@@ -12,6 +12,7 @@ import contextlib
 import json
 import os
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -317,6 +318,28 @@ def _cmd_bench_emulation(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_bench_learn(args: argparse.Namespace) -> int:
+    if args.learning_rate < 0:
+        raise UsageError("--learning-rate must not be negative")
+    # Imported here: torch takes seconds to import, and no other subcommand needs it.
+    from cadence.bench.learn import main as learn_main  # noqa: PLC0415
+
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="cadence-learn-"))
+    learn_main(
+        workdir,
+        args.png,
+        engine=args.engine,
+        workers=args.workers,
+        learning_rate=args.learning_rate,
+        iterations=args.iterations,
+        group_size=args.group_size,
+        batch_groups=args.batch_groups,
+        eta=args.eta,
+        seed=args.seed,
+    )
+    return 0
+
+
 def _cmd_worker(args: argparse.Namespace) -> int:
     # Imported here: torch takes seconds to import, and most subcommands never need it.
     from cadence.worker import serve  # noqa: PLC0415
@@ -501,6 +524,25 @@ def build_parser() -> argparse.ArgumentParser:
     em.add_argument("--seconds", type=float, default=20.0)
     em.add_argument("--compression", type=float, default=1.0, help="time compression factor")
     em.set_defaults(run=_cmd_bench_emulation)
+    le = benches.add_parser(
+        "learn",
+        help="GRPO on a toy task through workers, trainer and control loop (prints JSON)",
+        description="Train a tiny Llama made here by GRPO on the digits task: the trainer "
+        "in this process, WORKERS worker processes generating under the control loop, new "
+        "weights advanced to them each version. The last line is JSON with "
+        "reward_by_version.",
+    )
+    le.add_argument("--engine", choices=["vllm", "emulated"], default="vllm")
+    le.add_argument("--workers", type=_at_least(1), default=2)
+    le.add_argument("--learning-rate", type=float, default=2e-2)
+    le.add_argument("--iterations", type=_at_least(1), default=12, help="versions to train")
+    le.add_argument("--group-size", type=_at_least(2), default=8, help="samples per prompt")
+    le.add_argument("--batch-groups", type=_at_least(1), default=8, help="prompt groups per batch")
+    le.add_argument("--eta", type=_at_least(0), default=0, help="staleness bound")
+    le.add_argument("--seed", type=int, default=0)
+    le.add_argument("--png", type=Path, help="write the reward curve here")
+    le.add_argument("--workdir", type=Path, help="keep the run's files here (default: a temp dir)")
+    le.set_defaults(run=_cmd_bench_learn)
     return parser
 
 

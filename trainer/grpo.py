@@ -53,6 +53,7 @@ class UpdateStats:
     loss: float
     clipped_share: float
     max_abs_logprob_diff: float  # first pass: trainer vs behaviour logprobs
+    mean_abs_logprob_diff: float
 
 
 def advantages(batch: Sequence[Scored], kind: Literal["group", "batch"]) -> list[float]:
@@ -106,7 +107,7 @@ def update(
     adv = advantages(batch, config.advantages)
     live = [(s, a) for s, a in zip(batch, adv, strict=True) if not s.delivery.failed]
     model.train()
-    total_loss, clipped, tokens, max_diff = 0.0, 0, 0, 0.0
+    total_loss, clipped, tokens, max_diff, sum_diff = 0.0, 0, 0, 0.0, 0.0
     for epoch in range(config.epochs):
         optimizer.zero_grad(set_to_none=True)
         n_tokens = sum(sum(b is not None for b in sequence(s.delivery)[1][1:]) for s, _ in live)
@@ -124,8 +125,9 @@ def update(
             loss = -(surrogate * mask).sum() / max(1, n_tokens)
             loss.backward()  # type: ignore[no-untyped-call]
             if epoch == 0:
-                diff = (new.detach() - old)[mask].abs().max().item()
-                max_diff = max(max_diff, diff)
+                diff = (new.detach() - old)[mask].abs()
+                max_diff = max(max_diff, diff.max().item())
+                sum_diff += diff.sum().item()
                 tokens += int(mask.sum())
             total_loss += float(loss.detach())
             outside = (ratio.detach() - 1).abs() > config.clip_eps
@@ -142,4 +144,5 @@ def update(
         loss=total_loss / max(1, config.epochs),
         clipped_share=clipped / max(1, tokens * config.epochs),
         max_abs_logprob_diff=max_diff,
+        mean_abs_logprob_diff=sum_diff / max(1, tokens),
     )

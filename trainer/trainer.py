@@ -66,7 +66,7 @@ class Trainer:
         self.model: Any = model.eval()
         torch.manual_seed(config.seed)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=config.learning_rate)
-        self._lock = threading.Lock()  # the ledger's connection is used from two threads
+        self.lock = threading.Lock()  # the ledger's connection is used from two threads
         version = self.ledger.version
         if version == 0:
             self.store.publish(self.model, 0)
@@ -96,7 +96,7 @@ class Trainer:
         return min(bound, self.total_groups)
 
     def admit(self, groups: int) -> list[Group]:
-        with self._lock:
+        with self.lock:
             room = max(0, self.admission_limit() - self.ledger.cursor)
             admitted = []
             for _ in range(min(groups, room)):
@@ -115,7 +115,7 @@ class Trainer:
         return self.task.score(text, answer)
 
     def ingest(self, delivery: Delivery) -> tuple[Accepted, float | None]:
-        with self._lock:
+        with self.lock:
             try:
                 sample = self.ledger.sample(delivery.id)
             except ValueError:
@@ -126,13 +126,13 @@ class Trainer:
     # --- training -----------------------------------------------------------------------
 
     def ready(self) -> bool:
-        with self._lock:
+        with self.lock:
             u = self.ledger.consumed_batches
             return u < self.config.iterations and self.ledger.batch_complete(u)
 
     def train_next(self) -> UpdateStats | None:
         """Train the next batch if it is complete; publish its version. Blocking."""
-        with self._lock:
+        with self.lock:
             u = self.ledger.consumed_batches
             if u >= self.config.iterations or not self.ledger.batch_complete(u):
                 return None
@@ -145,7 +145,7 @@ class Trainer:
         stats = update(self.model, self.optimizer, batch, config)
         self.store.publish(self.model, u + 1)
         save_optimizer(self.optimizer, self.model, self._optimizer_path(u + 1))
-        with self._lock:
+        with self.lock:
             self.ledger.consume(u, u + 1, json.dumps(dataclasses.asdict(stats)))
             self.store.retain(self._kept())
             for old in range(u + 1):
@@ -154,5 +154,5 @@ class Trainer:
 
     def reward_by_version(self) -> dict[int, float]:
         """Mean reward of the samples each version generated, oldest first."""
-        with self._lock:
+        with self.lock:
             return self.ledger.reward_by_version()

@@ -107,6 +107,7 @@ class WorkerState(_Body):
     draining: bool
     fell_behind: bool = False  # an emulated engine that could not keep its pace
     preemptions: int = 0  # residents the engine preempted for lack of KV (floor too low)
+    delivering: list[str] = []  # finished, in the outbox, not yet taken by the trainer
 
 
 class PlaceResponse(_Body):

@@ -13,6 +13,7 @@ import httpx
 from pydantic import BaseModel, TypeAdapter
 
 from cadence.worker.api import (
+    AdvanceRequest,
     ClaimRequest,
     Delivery,
     EvictResponse,
@@ -84,6 +85,9 @@ class WorkerClient:
 
     async def release(self, rid: str, req: ReleaseRequest) -> None:
         await self._call("POST", f"/v1/parked/{rid}/release", req)
+
+    async def advance(self, req: AdvanceRequest) -> WorkerState:
+        return WorkerState.model_validate(await self._call("POST", "/v1/advance", req))
 
     async def drain(self) -> list[EvictResponse]:
         return _EVICTED.validate_python(await self._call("POST", "/v1/drain"))

@@ -234,6 +234,7 @@ class WorkerCore:
             draining=self.draining,
             fell_behind=self.engine.fell_behind,
             preemptions=self.engine.preemptions,
+            delivering=[d.id for d in self.outbox.queue] if self.outbox is not None else [],
         )
 
     # --- placement ---------------------------------------------------------------------

@@ -1,0 +1,313 @@
+"""The control loop: the I/O shell around the pure scheduler (DESIGN.md, "Boundaries").
+
+Every period it reads the trainer's ledger, observes every worker (`GET /v1/state` in
+parallel, with a timeout), reconciles the two, builds the scheduler's snapshot, calls the
+policy, and applies its actions through the endpoints: evict, place (fresh, with the
+group's prompt; departed, naming the worker it is parked on), advance (with the trainer's
+weights URI and sha256), admit (the trainer's cursor). It holds ids and lengths only,
+and nothing it holds is needed across a restart: a new loop rebuilds its view from the
+workers and the ledger.
+
+Reconciling: the ledger is told where each in-flight sample is (placed, parked, waiting
+for its environment). A sample the ledger shows in flight that no live worker holds
+(resident, parked or in its outbox) is re-queued from its prompt under a new attempt;
+so is everything on a worker that has not answered for `lost_after_s`. A placement is
+recorded in the ledger before it is made, under its new attempt, so the delivery it
+produces is the current attempt's; if the worker refuses it, the sample goes back
+(fresh samples to the fresh pool, departed ones to the worker they are parked on).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import zlib
+from collections import Counter
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from cadence.operator.scheduler.actions import Action, Admit, Advance, Evict, Place
+from cadence.operator.scheduler.policy import Policy
+from cadence.operator.scheduler.snapshot import (
+    Admission,
+    FreshSample,
+    Knobs,
+    PendingTrajectory,
+    Resident,
+    Snapshot,
+    WorkerView,
+)
+from cadence.trainer.api import LedgerView, RecordRequest
+from cadence.trainer.client import TrainerClient, TrainerError
+from cadence.worker.api import (
+    AdvanceRequest,
+    FreshStart,
+    PlaceRequest,
+    Sampling,
+    Source,
+    WorkerState,
+)
+from cadence.worker.client import WorkerClient, WorkerError
+
+log = logging.getLogger("cadence.loop")
+
+
+@dataclass(frozen=True, slots=True)
+class LoopConfig:
+    knobs: Knobs
+    period_s: float = 0.5
+    state_timeout_s: float = 2.0
+    lost_after_s: float = 10.0
+    max_tool_calls: int = 0
+
+
+@dataclass
+class CycleReport:
+    cycle_ms: float
+    plan_ms: float
+    actions: Counter[str]
+    errors: int
+    requeued: int
+    lost: list[str]
+
+
+@dataclass
+class ControlLoop:
+    policy: Policy[Any]
+    config: LoopConfig
+    trainer: TrainerClient
+    workers: Mapping[str, str]  # worker id -> URL
+    token: str
+    clock: Callable[[], float] = time.monotonic
+    state: Any = None
+    reports: list[CycleReport] = field(default_factory=list)
+    _clients: dict[str, WorkerClient] = field(default_factory=dict)
+    _silent_since: dict[str, float] = field(default_factory=dict)
+    _lost: set[str] = field(default_factory=set)
+    _pending_since: dict[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.state is None:
+            self.state = self.policy.initial_state()
+        for wid, url in self.workers.items():
+            self._clients[wid] = WorkerClient(
+                url, self.token, timeout_s=self.config.state_timeout_s
+            )
+
+    async def aclose(self) -> None:
+        for c in self._clients.values():
+            await c.aclose()
+
+    async def run(self, done: Callable[[], Awaitable[bool]]) -> None:
+        """Cycle every `period_s` until `done()`."""
+        while not await done():
+            started = self.clock()
+            await self.cycle()
+            await asyncio.sleep(max(0.0, self.config.period_s - (self.clock() - started)))
+
+    # --- one cycle ---------------------------------------------------------------------
+
+    async def cycle(self) -> CycleReport:
+        t0 = time.perf_counter()
+        view = await self.trainer.ledger()  # first: what it shows in flight, workers confirm
+        live = await self._observe()
+        requeued = await self._reconcile(view, live)
+        if requeued:
+            view = await self.trainer.ledger()
+        now = self.clock()
+        snapshot = self._snapshot(view, live, now)
+        t1 = time.perf_counter()
+        actions, self.state = self.policy.plan(snapshot, self.state)
+        plan_ms = (time.perf_counter() - t1) * 1000
+        counts: Counter[str] = Counter()
+        errors = 0
+        pending = {p.id: p for p in snapshot.pending}
+        for action in actions:
+            counts[type(action).__name__.lower()] += 1
+            try:
+                await self._apply(action, view, live, pending)
+            except (WorkerError, TrainerError, OSError) as e:
+                errors += 1
+                log.warning("%s failed: %s", action, e)
+        report = CycleReport(
+            cycle_ms=(time.perf_counter() - t0) * 1000,
+            plan_ms=plan_ms,
+            actions=counts,
+            errors=errors,
+            requeued=requeued,
+            lost=sorted(self._lost),
+        )
+        self.reports.append(report)
+        return report
+
+    async def _observe(self) -> dict[str, WorkerState]:
+        ids = [w for w in self._clients if w not in self._lost]
+        results = await asyncio.gather(
+            *(self._clients[w].state() for w in ids), return_exceptions=True
+        )
+        live = {}
+        now = self.clock()
+        for wid, result in zip(ids, results, strict=True):
+            if isinstance(result, WorkerState):
+                live[wid] = result
+                self._silent_since.pop(wid, None)
+                continue
+            since = self._silent_since.setdefault(wid, now)
+            if now - since >= self.config.lost_after_s:
+                log.warning("worker %s is lost: silent for %.1f s", wid, now - since)
+                self._lost.add(wid)
+        return live
+
+    async def _reconcile(self, view: LedgerView, live: dict[str, WorkerState]) -> int:
+        held: dict[str, tuple[str, str, int]] = {}  # id -> (worker, state, attempt)
+        for wid, st in live.items():
+            for r in st.residents:
+                held[r.id] = (wid, "placed", r.attempt)
+            for p in st.parked:
+                held[p.id] = (
+                    wid,
+                    "environment" if p.reason == "environment" else "parked",
+                    p.attempt,
+                )
+            for d in st.delivering:
+                held[d] = (wid, "delivering", -1)
+        requeued = 0
+        for s in view.in_flight:
+            where = held.get(s.id)
+            if where is not None:
+                wid, state, _ = where
+                if state != "delivering" and (wid, state) != (s.worker, s.state):
+                    record = RecordRequest(attempt=s.attempt, state=state, worker=wid)  # type: ignore[arg-type]
+                    await self.trainer.record(s.id, record)
+                continue
+            if s.worker is not None and s.worker not in live and s.worker not in self._lost:
+                continue  # its worker is silent but not lost yet: wait
+            try:
+                await self.trainer.requeue(s.id)
+                requeued += 1
+            except TrainerError as e:
+                if e.status != 409:  # 409: it was delivered meanwhile
+                    raise
+        return requeued
+
+    def _snapshot(self, view: LedgerView, live: dict[str, WorkerState], now: float) -> Snapshot:
+        workers, pending = [], []
+        for wid, st in sorted(live.items()):
+            workers.append(
+                WorkerView(
+                    id=wid,
+                    accelerator=st.accelerator,
+                    affinity=st.affinity,
+                    version=st.version,
+                    capacity=st.kv_capacity_tokens,
+                    residents=tuple(
+                        Resident(r.id, r.context, r.decoded_since_placement) for r in st.residents
+                    ),
+                    draining=st.draining,
+                )
+            )
+            for p in st.parked:
+                pending.append(
+                    PendingTrajectory(
+                        id=p.id,
+                        version=p.version,
+                        context=p.context,
+                        since=self._pending_since.setdefault(p.id, now),
+                        placeable=p.reason != "environment" and p.claimed_until is None,
+                        parked_on=wid,
+                    )
+                )
+        parked_ids = {p.id for p in pending}
+        for sid in list(self._pending_since):
+            if sid not in parked_ids:
+                del self._pending_since[sid]
+        fresh = [FreshSample(f.id, f.group, len(view.prompts[f.group])) for f in view.fresh]
+        return Snapshot(
+            now=now,
+            workers=tuple(workers),
+            pending=tuple(pending),
+            fresh=tuple(fresh),
+            newest_version=view.version,
+            admission=Admission(view.cursor, view.batch_groups, view.total_groups),
+            knobs=self.config.knobs,
+        )
+
+    # --- actions -----------------------------------------------------------------------
+
+    async def _apply(
+        self,
+        action: Action,
+        view: LedgerView,
+        live: dict[str, WorkerState],
+        pending: dict[str, PendingTrajectory],
+    ) -> None:
+        attempts = {s.id: s.attempt for s in view.in_flight}
+        if isinstance(action, Evict):
+            evicted = await self._clients[action.worker].evict(action.trajectory)
+            record = RecordRequest(
+                attempt=attempts.get(action.trajectory, evicted.attempt),
+                state="parked",
+                worker=action.worker,
+            )
+            await self.trainer.record(action.trajectory, record)
+        elif isinstance(action, Place):
+            await self._place(action, view, pending, attempts)
+        elif isinstance(action, Advance):
+            info = await self.trainer.version(action.version)
+            request = AdvanceRequest(
+                version=action.version,
+                weights_uri=self.trainer.weights_uri(info),
+                sha256=info.sha256,
+            )
+            await self._clients[action.worker].advance(request)
+        elif isinstance(action, Admit):
+            await self.trainer.admit(action.groups)
+
+    async def _place(
+        self,
+        action: Place,
+        view: LedgerView,
+        pending: dict[str, PendingTrajectory],
+        attempts: dict[str, int],
+    ) -> None:
+        sid, wid = action.trajectory, action.worker
+        fresh = next((f for f in view.fresh if f.id == sid), None)
+        if fresh is not None:
+            attempt = fresh.attempt
+            start = FreshStart(
+                prompt_token_ids=view.prompts[fresh.group],
+                sampling=Sampling(temperature=view.temperature, seed=_seed(sid, attempt)),
+                max_tokens=view.max_tokens,
+                max_tool_calls=self.config.max_tool_calls,
+            )
+            request = PlaceRequest(id=sid, attempt=attempt, version=action.version, fresh=start)
+            placed = RecordRequest(
+                attempt=attempt, state="placed", worker=wid, version=action.version
+            )
+            await self.trainer.record(sid, placed)
+            try:
+                await self._clients[wid].place(request)
+            except WorkerError:
+                await self.trainer.requeue(sid)  # back to the fresh pool, next attempt
+                raise
+            return
+        parked = pending[sid]
+        assert parked.parked_on is not None
+        attempt = attempts.get(sid, 0) + 1
+        source = Source(worker_id=parked.parked_on, url=self.workers[parked.parked_on])
+        request = PlaceRequest(id=sid, attempt=attempt, version=action.version, source=source)
+        await self.trainer.record(sid, RecordRequest(attempt=attempt, state="placed", worker=wid))
+        try:
+            await self._clients[wid].place(request)
+        except WorkerError:
+            back = RecordRequest(attempt=attempt, state="parked", worker=parked.parked_on)
+            await self.trainer.record(sid, back)
+            raise
+
+
+def _seed(sid: str, attempt: int) -> int:
+    """A sample's sampling seed: distinct per sample and attempt, the same on every
+    worker, so a resumed trajectory samples as it would have in place."""
+    return zlib.crc32(f"{sid}:{attempt}".encode())

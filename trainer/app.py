@@ -1,0 +1,193 @@
+"""The trainer's HTTP service: ingest from workers, the ledger for the control loop,
+published weights for workers, and a background task that trains each batch as soon as
+it is complete (in a thread, so ingest keeps answering while torch works).
+
+Every endpoint but `/metrics`, `/healthz` and the weights' sha256 list needs the bearer
+token; refusals are one sentence (`worker/web.py`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Iterable
+
+from fastapi import FastAPI, Response
+from fastapi.responses import FileResponse
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from cadence.trainer.api import (
+    AdmitRequest,
+    AdmitResponse,
+    FreshView,
+    InFlight,
+    IngestResponse,
+    LedgerView,
+    RecordRequest,
+    RequeueResponse,
+    RunStats,
+    VersionInfo,
+)
+from cadence.trainer.ledger import IN_FLIGHT, LedgerError
+from cadence.trainer.trainer import Trainer
+from cadence.worker import web
+from cadence.worker.api import Delivery
+
+log = logging.getLogger("cadence.trainer")
+
+
+class _TrainerCollector(Collector):
+    def __init__(self, trainer: Trainer) -> None:
+        self.trainer = trainer
+
+    def collect(self) -> Iterable[Metric]:
+        ledger = self.trainer.ledger
+        g = GaugeMetricFamily("cadence_trainer_version", "Newest published version.")
+        g.add_metric([], ledger.version)
+        yield g
+        c = CounterMetricFamily("cadence_trainer_batches", "Batches trained.")
+        c.add_metric([], ledger.consumed_batches)
+        yield c
+        s = GaugeMetricFamily("cadence_trainer_samples", "Samples by state.", labels=["state"])
+        for state, n in ledger.counts().items():
+            s.add_metric([state], n)
+        yield s
+
+
+async def _train_forever(trainer: Trainer) -> None:
+    while True:
+        if trainer.ready():
+            stats = await asyncio.to_thread(trainer.train_next)
+            if stats is not None:
+                log.info("published version %d: %s", trainer.ledger.version, stats)
+            continue
+        await asyncio.sleep(0.05)
+
+
+def create_app(trainer: Trainer, token: str, *, train: bool = True) -> FastAPI:
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        task = asyncio.create_task(_train_forever(trainer)) if train else None
+        yield
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    app = FastAPI(title="Cadence trainer", version="v1", lifespan=lifespan)
+    guarded = web.install(app, token)
+    registry = CollectorRegistry()
+    registry.register(_TrainerCollector(trainer))
+    config = trainer.config
+
+    @app.post("/v1/trajectories", dependencies=guarded)
+    async def ingest(body: Delivery) -> IngestResponse:
+        result, reward = trainer.ingest(body)
+        if result == "unknown":
+            raise web.Refusal(404, "unknown", f"sample {body.id} was never admitted")
+        if result == "stale":
+            raise web.Refusal(
+                409, "stale_attempt", f"attempt {body.attempt} of {body.id} is not current"
+            )
+        return IngestResponse(result=result, reward=reward)
+
+    @app.get("/v1/ledger", dependencies=guarded)
+    async def ledger() -> LedgerView:
+        with trainer.lock:
+            ledger = trainer.ledger
+            fresh = ledger.samples("fresh")
+            groups = sorted({s.group for s in fresh})
+            return LedgerView(
+                version=ledger.version,
+                cursor=ledger.cursor,
+                consumed=ledger.consumed_batches,
+                total_groups=trainer.total_groups,
+                group_size=config.group_size,
+                batch_groups=config.batch_groups,
+                admission_limit=trainer.admission_limit(),
+                prompts={g: ledger.group(g).prompt for g in groups},
+                fresh=[FreshView(id=s.id, group=s.group, attempt=s.attempt) for s in fresh],
+                in_flight=[
+                    InFlight(
+                        id=s.id,
+                        group=s.group,
+                        attempt=s.attempt,
+                        state=s.state,
+                        worker=s.worker,
+                        version=s.version,
+                    )
+                    for s in ledger.samples(*IN_FLIGHT)
+                ],
+                max_tokens=config.max_tokens,
+                temperature=config.temperature,
+            )
+
+    @app.post("/v1/admit", dependencies=guarded)
+    async def admit(body: AdmitRequest) -> AdmitResponse:
+        return AdmitResponse(groups=[g.index for g in trainer.admit(body.groups)])
+
+    @app.post("/v1/samples/{sid}/record", dependencies=guarded)
+    async def record(sid: str, body: RecordRequest) -> dict[str, bool]:
+        with trainer.lock:
+            try:
+                taken = trainer.ledger.record(
+                    sid, body.attempt, body.state, worker=body.worker, version=body.version
+                )
+            except LedgerError as e:
+                raise web.Refusal(404, "unknown", str(e)) from None
+        return {"recorded": taken}
+
+    @app.post("/v1/samples/{sid}/requeue", dependencies=guarded)
+    async def requeue(sid: str) -> RequeueResponse:
+        with trainer.lock:
+            try:
+                return RequeueResponse(attempt=trainer.ledger.requeue(sid))
+            except LedgerError as e:
+                raise web.Refusal(409, "finished", str(e)) from None
+
+    @app.get("/v1/version")
+    async def version() -> VersionInfo:
+        v = trainer.ledger.version
+        return VersionInfo(
+            version=v, sha256=trainer.store.sha256(v), weights_path=f"/v1/weights/{v}"
+        )
+
+    @app.get("/v1/versions/{v}")
+    async def version_of(v: int) -> VersionInfo:
+        if not trainer.store.has(v):
+            raise web.Refusal(404, "no_weights", f"version {v} is not kept")
+        return VersionInfo(
+            version=v, sha256=trainer.store.sha256(v), weights_path=f"/v1/weights/{v}"
+        )
+
+    @app.get("/v1/weights/{v}", dependencies=guarded)
+    async def weights(v: int) -> FileResponse:
+        if not trainer.store.has(v):
+            raise web.Refusal(404, "no_weights", f"version {v} is not kept")
+        return FileResponse(trainer.store.path(v), media_type="application/octet-stream")
+
+    @app.get("/v1/stats", dependencies=guarded)
+    async def stats() -> RunStats:
+        with trainer.lock:
+            ledger = trainer.ledger
+            return RunStats(
+                version=ledger.version,
+                consumed=ledger.consumed_batches,
+                iterations=config.iterations,
+                counts=ledger.counts(),
+                reward_by_version=ledger.reward_by_version(),
+                done=ledger.consumed_batches >= config.iterations,
+            )
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(generate_latest(registry), media_type="text/plain; version=0.0.4")
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    return app
