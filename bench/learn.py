@@ -12,25 +12,18 @@ took and the control loop's cycle times, and writes a PNG of the reward curve.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
-import os
 import secrets
 import statistics
-import subprocess
-import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Literal
 
-import httpx
-import uvicorn
-
+from cadence.operator.localpool import serve_trainer, worker_processes
 from cadence.operator.loop import ControlLoop, LoopConfig
 from cadence.operator.scheduler.cadence import CadencePolicy
 from cadence.operator.scheduler.snapshot import Knobs
-from cadence.trainer.app import create_app
 from cadence.trainer.client import TrainerClient
 from cadence.trainer.trainer import Trainer, TrainerConfig
 from cadence.worker.tinymodel import make_tiny_llama
@@ -39,64 +32,25 @@ Engine = Literal["vllm", "emulated"]
 ACCELERATORS = ("H800", "A910X")
 
 
-@contextmanager
 def _workers(
     n: int, engine: Engine, model: Path, trainer_url: str, *, token: str, workdir: Path
-) -> Iterator[dict[str, str]]:
-    urls, procs = {}, []
-    env = {**os.environ, "CADENCE_TOKEN": token, "VLLM_CPU_KVCACHE_SPACE": "1"}
-    try:
-        for i in range(n):
-            port = _free_port()
-            wid = f"w{i}"
-            urls[wid] = f"http://127.0.0.1:{port}"
-            cmd = [
-                sys.executable,
-                "-c",
-                "from cadence.operator.cli import entry; entry()",
-                "worker",
-                *("--engine", engine, "--id", wid, "--port", str(port)),
-                *("--model-path", str(model), "--trainer-url", trainer_url),
-                *("--weights-dir", str(workdir / wid), "--grace-s", "1"),
-                *("--accelerator", ACCELERATORS[i % 2], "--affinity", str(i)),
-                *(("--max-model-len", "512") if engine == "vllm" else ()),
-            ]
-            log = (workdir / f"{wid}.log").open("wb")
-            procs.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT))
-        _wait_healthy(urls.values(), procs)
-        yield urls
-    finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                p.kill()
+) -> contextlib.AbstractContextManager[dict[str, str]]:
+    def args(wid: str) -> list[str]:
+        i = int(wid[1:])
+        return [
+            *("--engine", engine, "--model-path", str(model), "--trainer-url", trainer_url),
+            *("--weights-dir", str(workdir / wid), "--grace-s", "1"),
+            *("--accelerator", ACCELERATORS[i % 2], "--affinity", str(i)),
+            *(("--max-model-len", "512") if engine == "vllm" else ()),
+        ]
 
-
-def _free_port() -> int:
-    import socket  # noqa: PLC0415 (only here)
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _wait_healthy(
-    urls: object, procs: list[subprocess.Popen[bytes]], within_s: float = 300
-) -> None:
-    deadline = time.monotonic() + within_s
-    for url in urls:  # type: ignore[attr-defined]
-        while True:
-            try:
-                if httpx.get(f"{url}/healthz").status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
-                raise RuntimeError("a worker did not start; see its log in the work directory")
-            time.sleep(0.2)
+    return worker_processes(
+        [f"w{i}" for i in range(n)],
+        args,
+        env={"CADENCE_TOKEN": token, "VLLM_CPU_KVCACHE_SPACE": "1"},
+        within_s=300,
+        logs=workdir,
+    )
 
 
 async def learn(
@@ -127,16 +81,30 @@ async def learn(
         seed=seed,
     )
     trainer = Trainer(config)
-    server = uvicorn.Server(
-        uvicorn.Config(create_app(trainer, token), host="127.0.0.1", port=0, log_level="warning")
-    )
-    serving = asyncio.create_task(server.serve())
-    while not server.started:
-        await asyncio.sleep(0.02)
-    trainer_url = f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
+    async with serve_trainer(trainer, token) as trainer_url:
+        result = await _run(trainer, trainer_url, token, workdir, engine=engine, workers=workers)
+    return {
+        "bench": "learn",
+        "engine": engine,
+        "workers": workers,
+        "learning_rate": learning_rate,
+        "iterations": iterations,
+        "samples_per_version": group_size * batch_groups,
+        "eta": eta,
+        **result,
+    }
+
+
+async def _run(
+    trainer: Trainer, trainer_url: str, token: str, workdir: Path, *, engine: Engine, workers: int
+) -> dict[str, object]:
+    config = trainer.config
+    iterations, eta = config.iterations, config.eta
     client = TrainerClient(trainer_url, token)
     try:
-        with _workers(workers, engine, model, trainer_url, token=token, workdir=workdir) as urls:
+        with _workers(
+            workers, engine, config.model_path, trainer_url, token=token, workdir=workdir
+        ) as urls:
             knobs = Knobs(h_min=256, delta=16, eta=eta, min_decode=4)
             loop = ControlLoop(
                 CadencePolicy(), LoopConfig(knobs=knobs, period_s=0.1), client, urls, token
@@ -163,20 +131,13 @@ async def learn(
             await loop.aclose()
     finally:
         await client.aclose()
-        server.should_exit = True
-        await serving
     by_version = trainer.reward_by_version()
     cycles = sorted(r.cycle_ms for r in loop.reports)
     with trainer.lock:
         counts = trainer.ledger.counts()
+        lags = trainer.ledger.lag_counts()
+        updates = [json.loads(stats) for _, stats in trainer.ledger.updates()]
     return {
-        "bench": "learn",
-        "engine": engine,
-        "workers": workers,
-        "learning_rate": learning_rate,
-        "iterations": iterations,
-        "samples_per_version": group_size * batch_groups,
-        "eta": eta,
         "reward_by_version": [round(by_version[v], 4) for v in sorted(by_version)],
         "versions": sorted(by_version),
         "seconds": round(elapsed, 1),
@@ -186,6 +147,11 @@ async def learn(
         "requeued": sum(r.requeued for r in loop.reports),
         "action_errors": sum(r.errors for r in loop.reports),
         "ledger": counts,
+        "lag_counts": lags,
+        "logprob_diff_max": round(max(u["max_abs_logprob_diff"] for u in updates), 4),
+        "logprob_diff_mean": round(
+            sum(u["mean_abs_logprob_diff"] for u in updates) / len(updates), 5
+        ),
     }
 
 

@@ -28,6 +28,8 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import httpx
+
 from cadence.operator.scheduler.actions import Action, Admit, Advance, Evict, Place
 from cadence.operator.scheduler.policy import Policy
 from cadence.operator.scheduler.snapshot import (
@@ -101,10 +103,14 @@ class ControlLoop:
             await c.aclose()
 
     async def run(self, done: Callable[[], Awaitable[bool]]) -> None:
-        """Cycle every `period_s` until `done()`."""
+        """Cycle every `period_s` until `done()`. A cycle that cannot reach the trainer
+        is skipped and retried next period: the loop outlives a trainer restart."""
         while not await done():
             started = self.clock()
-            await self.cycle()
+            try:
+                await self.cycle()
+            except (TrainerError, OSError, httpx.TransportError) as e:
+                log.warning("cycle skipped: %s", e)
             await asyncio.sleep(max(0.0, self.config.period_s - (self.clock() - started)))
 
     # --- one cycle ---------------------------------------------------------------------

@@ -52,7 +52,9 @@ class UpdateStats:
     mean_reward: float
     loss: float
     clipped_share: float
-    max_abs_logprob_diff: float  # first pass: trainer vs behaviour logprobs
+    # First pass, samples of the version being trained only (older ones differ by
+    # design): the trainer's logprobs against the worker's behaviour logprobs.
+    max_abs_logprob_diff: float
     mean_abs_logprob_diff: float
 
 
@@ -102,12 +104,17 @@ def token_logprobs(model: Any, ids: list[int], temperature: float) -> torch.Tens
 
 
 def update(
-    model: Any, optimizer: torch.optim.Optimizer, batch: Sequence[Scored], config: UpdateConfig
+    model: Any,
+    optimizer: torch.optim.Optimizer,
+    batch: Sequence[Scored],
+    config: UpdateConfig,
+    version: int | None = None,
 ) -> UpdateStats:
+    """One update of `model` (serving `version`, if known) on `batch`."""
     adv = advantages(batch, config.advantages)
     live = [(s, a) for s, a in zip(batch, adv, strict=True) if not s.delivery.failed]
     model.train()
-    total_loss, clipped, tokens, max_diff, sum_diff = 0.0, 0, 0, 0.0, 0.0
+    total_loss, clipped, tokens, max_diff, sum_diff, compared = 0.0, 0, 0, 0.0, 0.0, 0
     for epoch in range(config.epochs):
         optimizer.zero_grad(set_to_none=True)
         n_tokens = sum(sum(b is not None for b in sequence(s.delivery)[1][1:]) for s, _ in live)
@@ -124,10 +131,12 @@ def update(
             )
             loss = -(surrogate * mask).sum() / max(1, n_tokens)
             loss.backward()  # type: ignore[no-untyped-call]
-            if epoch == 0:
+            if epoch == 0 and version in (None, s.delivery.version):
                 diff = (new.detach() - old)[mask].abs()
                 max_diff = max(max_diff, diff.max().item())
                 sum_diff += diff.sum().item()
+                compared += int(mask.sum())
+            if epoch == 0:
                 tokens += int(mask.sum())
             total_loss += float(loss.detach())
             outside = (ratio.detach() - 1).abs() > config.clip_eps
@@ -144,5 +153,5 @@ def update(
         loss=total_loss / max(1, config.epochs),
         clipped_share=clipped / max(1, tokens * config.epochs),
         max_abs_logprob_diff=max_diff,
-        mean_abs_logprob_diff=sum_diff / max(1, tokens),
+        mean_abs_logprob_diff=sum_diff / max(1, compared),
     )

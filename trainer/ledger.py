@@ -309,6 +309,15 @@ class Ledger:
         )
         return {int(v): float(r) for v, r in rows}
 
+    def lag_counts(self) -> dict[int, int]:
+        """Consumed samples by staleness: batch minus the version that generated them.
+        With bound eta every key lies in [0, eta] (DESIGN.md)."""
+        rows = self.db.execute(
+            "SELECT batch - version, COUNT(*) FROM samples WHERE state = 'consumed' "
+            "GROUP BY batch - version ORDER BY 1"
+        )
+        return {int(lag): int(n) for lag, n in rows}
+
     def versions_in_use(self) -> set[int]:
         """Versions some unfinished (started, not consumed) sample is bound to."""
         rows = self.db.execute(

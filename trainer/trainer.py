@@ -142,7 +142,7 @@ class Trainer:
             epochs=self.config.epochs,
             advantages=self.config.advantages,
         )
-        stats = update(self.model, self.optimizer, batch, config)
+        stats = update(self.model, self.optimizer, batch, config, version=u)
         self.store.publish(self.model, u + 1)
         save_optimizer(self.optimizer, self.model, self._optimizer_path(u + 1))
         with self.lock:

@@ -3,18 +3,10 @@ and pools of cores wired to each other directly (the HTTP hop left out)."""
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
-import socket
-import subprocess
-import sys
-import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
-import httpx
-
+from cadence.operator import localpool
 from cadence.sim.catalog import ACCELERATORS, MODELS
 from cadence.sim.physics import Deployment, deploy
 from cadence.worker.api import (
@@ -128,66 +120,7 @@ def moved(rid: str, source: Source, *, attempt: int, version: int = 0) -> PlaceR
 
 # --- worker processes ------------------------------------------------------------------
 
-# `cadence` as a subprocess sees it, without relying on the console script's location.
-CADENCE = [sys.executable, "-c", "from cadence.operator.cli import entry; entry()"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_healthy(
-    urls: Iterable[str], procs: Sequence[subprocess.Popen[bytes]], within_s: float
-) -> None:
-    """Wait until every worker answers /healthz; fail if one exits or time runs out."""
-    deadline = time.monotonic() + within_s
-    for url in urls:
-        while True:
-            try:
-                if httpx.get(f"{url}/healthz").status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "the worker did not start in time"
-            assert all(p.poll() is None for p in procs), "a worker exited"
-            time.sleep(0.2)
-
-
-@contextlib.contextmanager
-def worker_processes(
-    ids: Sequence[str],
-    args: Callable[[str], list[str]],
-    *,
-    cwd: Path,
-    env: dict[str, str],
-    within_s: float,
-) -> Iterator[dict[str, str]]:
-    """`cadence worker` processes, one per id with `args(id)` added, each on a free port;
-    yields their URLs once all are healthy, and stops them (SIGTERM, then kill)."""
-    urls, procs = {}, []
-    try:
-        for wid in ids:
-            port = free_port()
-            urls[wid] = f"http://127.0.0.1:{port}"
-            cmd = [*CADENCE, "worker", "--id", wid, "--port", str(port), *args(wid)]
-            procs.append(
-                subprocess.Popen(
-                    cmd,
-                    cwd=cwd,
-                    env={**os.environ, **env},
-                    stdout=subprocess.DEVNULL,
-                    stderr=subprocess.DEVNULL,
-                )
-            )
-        wait_healthy(urls.values(), procs, within_s=within_s)
-        yield urls
-    finally:
-        for p in procs:
-            p.send_signal(signal.SIGTERM)
-        for p in procs:
-            try:
-                p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                p.kill()
+CADENCE = localpool.CADENCE
+free_port = localpool.free_port
+wait_healthy = localpool.wait_healthy
+worker_processes = localpool.worker_processes

@@ -1,0 +1,107 @@
+"""A pool on one machine: worker processes and the trainer service, started and stopped
+together. `cadence bench learn` and the tests run the whole system this way; `cadence
+run` will too. Each worker is a `cadence worker` process, as each pod runs it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
+from pathlib import Path
+
+import httpx
+import uvicorn
+
+from cadence.trainer.app import create_app
+from cadence.trainer.trainer import Trainer
+
+# `cadence` as a child process runs it, without relying on the console script's location.
+CADENCE = [sys.executable, "-c", "from cadence.operator.cli import entry; entry()"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_healthy(
+    urls: Iterable[str], procs: Sequence[subprocess.Popen[bytes]], within_s: float
+) -> None:
+    """Wait until every URL answers /healthz; fail if a process exits or time runs out."""
+    deadline = time.monotonic() + within_s
+    for url in urls:
+        while True:
+            try:
+                if httpx.get(f"{url}/healthz").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{url} did not become healthy within {within_s:.0f} s")
+            if any(p.poll() is not None for p in procs):
+                raise RuntimeError("a worker exited while starting; see its log")
+            time.sleep(0.2)
+
+
+@contextlib.contextmanager
+def worker_processes(
+    ids: Sequence[str],
+    args: Callable[[str], list[str]],
+    *,
+    env: dict[str, str],
+    within_s: float,
+    cwd: Path | None = None,
+    logs: Path | None = None,
+) -> Iterator[dict[str, str]]:
+    """`cadence worker` processes, one per id with `args(id)` added, each on a free port;
+    yields {id: URL} once all are healthy, and stops them (SIGTERM, then kill). Output
+    goes to `logs/<id>.log` when `logs` is given, else nowhere."""
+    urls, procs = {}, []
+    try:
+        for wid in ids:
+            port = free_port()
+            urls[wid] = f"http://127.0.0.1:{port}"
+            cmd = [*CADENCE, "worker", "--id", wid, "--port", str(port), *args(wid)]
+            out = (logs / f"{wid}.log").open("wb") if logs is not None else subprocess.DEVNULL
+            procs.append(
+                subprocess.Popen(
+                    cmd, cwd=cwd, env={**os.environ, **env}, stdout=out, stderr=subprocess.STDOUT
+                )
+            )
+        wait_healthy(urls.values(), procs, within_s=within_s)
+        yield urls
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+@contextlib.asynccontextmanager
+async def serve_trainer(trainer: Trainer, token: str, port: int = 0) -> AsyncIterator[str]:
+    """The trainer's service on 127.0.0.1 in this event loop; yields its URL."""
+    config = uvicorn.Config(
+        create_app(trainer, token), host="127.0.0.1", port=port, log_level="warning"
+    )
+    server = uvicorn.Server(config)
+    serving = asyncio.create_task(server.serve())
+    while not server.started:
+        if serving.done():
+            serving.result()  # raises why it could not start
+        await asyncio.sleep(0.02)
+    bound = server.servers[0].sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{bound}"
+    finally:
+        server.should_exit = True
+        await serving
