@@ -340,6 +340,40 @@ def _cmd_bench_learn(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_trainer(args: argparse.Namespace) -> int:
+    # Imported here: torch takes seconds to import, and most subcommands never need it.
+    from pydantic import ValidationError  # noqa: PLC0415
+
+    from cadence.trainer.serve import serve  # noqa: PLC0415
+    from cadence.trainer.trainer import TrainerConfig  # noqa: PLC0415
+    from cadence.worker.serve import ConfigError, read_token  # noqa: PLC0415
+
+    try:
+        token = read_token(args.token_file)
+        if not (args.model_path / "config.json").is_file():
+            raise UsageError(f"{args.model_path} holds no Hugging Face model (no config.json)")
+        config = TrainerConfig(
+            model_path=args.model_path,
+            state_dir=args.state_dir,
+            task=args.task,
+            group_size=args.group_size,
+            batch_groups=args.batch_groups,
+            iterations=args.iterations,
+            eta=args.eta,
+            learning_rate=args.learning_rate,
+            max_tokens=args.max_tokens,
+            seed=args.seed,
+        )
+    except ConfigError as e:
+        raise UsageError(str(e)) from None
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise UsageError(f"--{where.replace('_', '-')}: {first['msg']}") from None
+    serve(config, token, host=args.host, port=args.port)
+    return 0
+
+
 def _cmd_worker(args: argparse.Namespace) -> int:
     # Imported here: torch takes seconds to import, and most subcommands never need it.
     from cadence.worker import serve  # noqa: PLC0415
@@ -465,6 +499,29 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--env-timeout-s", type=float, default=30.0, help="timeout per environment try")
     w.add_argument("--env-tries", type=_at_least(1), default=3, help="environment tries per call")
     w.set_defaults(run=_cmd_worker)
+
+    t = sub.add_parser(
+        "trainer",
+        help="run the trainer service (ledger, ingest, GRPO updates, published weights)",
+        description="Run the trainer: workers deliver finished samples to it, the control "
+        "loop reads its ledger and admits from its cursor, and it trains each complete "
+        "batch into the next version. State lives in --state-dir; a restart resumes it. "
+        "The bearer token comes from --token-file or CADENCE_TOKEN.",
+    )
+    t.add_argument("--model-path", type=Path, required=True, help="local Hugging Face causal LM")
+    t.add_argument("--state-dir", type=Path, required=True, help="ledger, weights, optimizer")
+    t.add_argument("--task", choices=["digits", "arithmetic"], default="digits")
+    t.add_argument("--group-size", type=int, default=8, help="samples per prompt")
+    t.add_argument("--batch-groups", type=int, default=8, help="prompt groups per batch (B)")
+    t.add_argument("--iterations", type=int, default=20, help="batches to train")
+    t.add_argument("--eta", type=int, default=1, help="staleness bound")
+    t.add_argument("--learning-rate", type=float, default=2e-2)
+    t.add_argument("--max-tokens", type=int, default=12, help="tokens per sample")
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--host", default="127.0.0.1")
+    t.add_argument("--port", type=_at_least(1), default=8100)
+    t.add_argument("--token-file", type=Path, help="file holding the bearer token")
+    t.set_defaults(run=_cmd_trainer)
 
     bench = sub.add_parser("bench", help="run a benchmark (prints JSON)")
     benches = bench.add_subparsers(dest="bench", metavar="BENCH", parser_class=_Parser)
