@@ -1,0 +1,85 @@
+"""The trainer's endpoints: deliveries accepted once and only from the current attempt,
+admission under the staleness bound, and bad input refused with a sentence."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from cadence.trainer.app import create_app
+from cadence.trainer.trainer import Trainer, TrainerConfig
+from cadence.worker.api import MAX_BODY_BYTES
+from cadence.worker.tinymodel import make_tiny_llama
+
+from .factories import delivery
+
+AUTH = {"Authorization": "Bearer s3cret"}
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny_llama(tmp_path_factory.mktemp("tiny"))
+
+
+@pytest.fixture
+def trainer(model: Path, tmp_path: Path) -> Iterator[Trainer]:
+    config = TrainerConfig(
+        model_path=model, state_dir=tmp_path, group_size=2, batch_groups=2, iterations=3, eta=1
+    )
+    t = Trainer(config)
+    yield t
+    t.ledger.close()
+
+
+def _call(trainer: Trainer, method: str, path: str, **kwargs: Any) -> httpx.Response:
+    async def go() -> httpx.Response:
+        transport = httpx.ASGITransport(app=create_app(trainer, "s3cret", train=False))
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
+            return await c.request(method, path, **kwargs)
+
+    return asyncio.run(go())
+
+
+def test_admission_stops_at_the_staleness_bound(trainer: Trainer) -> None:
+    r = _call(trainer, "POST", "/v1/admit", json={"groups": 10}, headers=AUTH)
+    assert r.json() == {"groups": [0, 1, 2, 3]}  # (v + eta + 1) * B = 4 at version 0
+    view = _call(trainer, "GET", "/v1/ledger", headers=AUTH).json()
+    assert view["admission_limit"] == 4 and len(view["fresh"]) == 8
+    assert set(view["prompts"]) == {"0", "1", "2", "3"}
+
+
+def test_a_delivery_counts_once_and_only_from_the_current_attempt(trainer: Trainer) -> None:
+    _call(trainer, "POST", "/v1/admit", json={"groups": 1}, headers=AUTH)
+    record = {"attempt": 1, "state": "placed", "worker": "w0", "version": 0}
+    assert _call(trainer, "POST", "/v1/samples/g0-s0/record", json=record, headers=AUTH).json()
+    old = delivery("g0-s0", attempt=0).model_dump(mode="json")
+    r = _call(trainer, "POST", "/v1/trajectories", json=old, headers=AUTH)
+    assert r.status_code == 409 and r.json()["reason"] == "stale_attempt"
+    current = delivery("g0-s0", attempt=1).model_dump(mode="json")
+    first = _call(trainer, "POST", "/v1/trajectories", json=current, headers=AUTH)
+    again = _call(trainer, "POST", "/v1/trajectories", json=current, headers=AUTH)
+    assert first.json()["result"] == "accepted" and again.json()["result"] == "duplicate"
+    unknown = delivery("g9-s0").model_dump(mode="json")
+    assert _call(trainer, "POST", "/v1/trajectories", json=unknown, headers=AUTH).status_code == 404
+
+
+def test_bad_input_is_refused_with_a_sentence(trainer: Trainer) -> None:
+    assert _call(trainer, "GET", "/v1/ledger").status_code == 401
+    r = _call(trainer, "POST", "/v1/trajectories", json={"id": "x"}, headers=AUTH)
+    assert r.status_code == 422 and r.json()["error"]
+    big = {"content-length": str(MAX_BODY_BYTES + 1), **AUTH}
+    assert _call(trainer, "POST", "/v1/trajectories", content=b"{}", headers=big).status_code == 413
+    assert _call(trainer, "GET", "/v1/weights/7", headers=AUTH).status_code == 404
+    assert _call(trainer, "POST", "/v1/admit", json={"groups": 0}, headers=AUTH).status_code == 422
+
+
+def test_version_zero_is_published_with_its_checksum(trainer: Trainer) -> None:
+    info = _call(trainer, "GET", "/v1/version").json()
+    assert info["version"] == 0 and len(info["sha256"]) == 64
+    weights = _call(trainer, "GET", info["weights_path"], headers=AUTH)
+    assert weights.status_code == 200 and len(weights.content) > 1000
