@@ -4,11 +4,12 @@ admits groups and records where samples are; external trainers read batches."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from cadence.trainer.ledger import SampleState
+from cadence.worker.api import Delivery
 
 
 class _Body(BaseModel):
@@ -84,3 +85,44 @@ class RunStats(_Body):
     counts: dict[str, int]
     reward_by_version: dict[int, float]
     done: bool
+
+
+class SubmittedPrompt(_Body):
+    """A prompt from an external trainer: token ids, or text the trainer tokenises."""
+
+    prompt_token_ids: list[int] | None = Field(default=None, min_length=1)
+    text: str | None = Field(default=None, min_length=1, max_length=100_000)
+    answer: str = ""
+
+    @model_validator(mode="after")
+    def _one_form(self) -> Self:
+        if (self.prompt_token_ids is None) == (self.text is None):
+            raise ValueError("give exactly one of 'prompt_token_ids' and 'text'")
+        return self
+
+
+class SubmitRequest(_Body):
+    prompts: list[SubmittedPrompt] = Field(min_length=1, max_length=100_000)
+
+
+class BatchSample(_Body):
+    id: str
+    group: int
+    version: int  # the policy version that generated it
+    failed: bool
+    delivery: Delivery  # prompt, turns with tokens and behaviour logprobs, timings
+
+
+class Batch(_Body):
+    """GET /v1/batches/{u}: batch u whole, in group order (so eta holds)."""
+
+    batch: int
+    samples: list[BatchSample]
+
+
+class PublishRequest(_Body):
+    """POST /v1/publish: an external trainer's update of batch `version - 1`."""
+
+    version: int = Field(ge=1)
+    weights_uri: str = Field(min_length=1)  # a path on the trainer's volume, or http(s)
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")

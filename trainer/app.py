@@ -22,19 +22,24 @@ from prometheus_client.registry import Collector
 from cadence.trainer.api import (
     AdmitRequest,
     AdmitResponse,
+    Batch,
+    BatchSample,
     FreshView,
     InFlight,
     IngestResponse,
     LedgerView,
+    PublishRequest,
     RecordRequest,
     RequeueResponse,
     RunStats,
+    SubmitRequest,
     VersionInfo,
 )
 from cadence.trainer.ledger import IN_FLIGHT, LedgerError
 from cadence.trainer.trainer import Trainer
 from cadence.worker import web
 from cadence.worker.api import Delivery
+from cadence.worker.serve import fetch
 
 log = logging.getLogger("cadence.trainer")
 
@@ -168,6 +173,45 @@ def create_app(trainer: Trainer, token: str, *, train: bool = True) -> FastAPI:
         if not trainer.store.has(v):
             raise web.Refusal(404, "no_weights", f"version {v} is not kept")
         return FileResponse(trainer.store.path(v), media_type="application/octet-stream")
+
+    @app.post("/v1/prompts", dependencies=guarded)
+    async def submit(body: SubmitRequest) -> dict[str, int]:
+        if not trainer.external:
+            raise web.Refusal(409, "not_external", "this trainer draws prompts from its task")
+        prompts = [
+            (p.prompt_token_ids or trainer.vocabulary.encode(p.text or ""), p.answer)
+            for p in body.prompts
+        ]
+        with trainer.lock:
+            return {"queued": trainer.ledger.submit(prompts)}
+
+    @app.get("/v1/batches/{u}", dependencies=guarded)
+    async def batch(u: int) -> Batch:
+        with trainer.lock:
+            if not trainer.ledger.batch_complete(u) and trainer.ledger.consumed_batches <= u:
+                raise web.Refusal(409, "incomplete", f"batch {u} is not complete yet")
+            samples = [
+                BatchSample(id=s.id, group=s.group, version=d.version, failed=d.failed, delivery=d)
+                for s, d in trainer.ledger.deliveries(u)
+            ]
+        return Batch(batch=u, samples=samples)
+
+    @app.post("/v1/publish", dependencies=guarded)
+    async def publish(body: PublishRequest) -> VersionInfo:
+        if not trainer.external:
+            raise web.Refusal(409, "not_external", "this trainer publishes its own versions")
+        try:
+            data = await fetch(body.weights_uri, token)
+        except Exception as e:
+            raise web.Refusal(502, "fetch", f"cannot fetch {body.weights_uri}: {e}") from None
+        try:
+            await asyncio.to_thread(trainer.publish_external, body.version, data, body.sha256)
+        except LedgerError as e:
+            raise web.Refusal(409, "publish", str(e)) from None
+        v = body.version
+        return VersionInfo(
+            version=v, sha256=trainer.store.sha256(v), weights_path=f"/v1/weights/{v}"
+        )
 
     @app.get("/v1/stats", dependencies=guarded)
     async def stats() -> RunStats:

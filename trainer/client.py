@@ -1,8 +1,19 @@
 """A typed async client for the trainer's API: what the control loop uses, and what an
-external trainer (verl, TRL, a custom loop) uses to drive the pool through Cadence."""
+external trainer (verl, TRL, a custom loop) uses to drive the pool through Cadence.
+
+An external trainer runs the trainer service with `task="external"`, then: `submit`
+prompts, `batch(u)` to receive batch u whole (every sample with its version and the
+behaviour logprobs of its tokens), trains on it however it likes, and `publish(u + 1,
+uri)` the new weights; the pool advances to them. Batches come out in order and only
+whole, so the staleness bound eta holds for whoever trains on them.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -11,10 +22,14 @@ from pydantic import BaseModel
 from cadence.trainer.api import (
     AdmitRequest,
     AdmitResponse,
+    Batch,
     LedgerView,
+    PublishRequest,
     RecordRequest,
     RequeueResponse,
     RunStats,
+    SubmitRequest,
+    SubmittedPrompt,
     VersionInfo,
 )
 from cadence.worker.api import Problem
@@ -82,3 +97,32 @@ class TrainerClient:
 
     async def stats(self) -> RunStats:
         return RunStats.model_validate(await self._call("GET", "/v1/stats"))
+
+    # --- for external trainers -----------------------------------------------------------
+
+    async def submit(self, prompts: Sequence[SubmittedPrompt]) -> int:
+        """Queue prompts for admission, in order; returns how many are queued in all."""
+        data = await self._call("POST", "/v1/prompts", SubmitRequest(prompts=list(prompts)))
+        return int(data["queued"])
+
+    async def batch(self, u: int, *, poll_s: float = 0.2, timeout_s: float | None = None) -> Batch:
+        """Batch `u`, whole: waits (polling) until every sample of it is delivered."""
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout_s is None else loop.time() + timeout_s
+        while True:
+            try:
+                return Batch.model_validate(await self._call("GET", f"/v1/batches/{u}"))
+            except TrainerError as e:
+                if e.reason != "incomplete" or (deadline is not None and loop.time() > deadline):
+                    raise
+            await asyncio.sleep(poll_s)
+
+    async def publish(
+        self, version: int, uri: str | Path, sha256: str | None = None
+    ) -> VersionInfo:
+        """Publish `version` (the update of batch `version - 1`) from `uri`: a path the
+        trainer can read, or an http(s) URL. The sha256 is computed for a local path."""
+        if sha256 is None:
+            sha256 = hashlib.sha256(Path(uri).read_bytes()).hexdigest()
+        body = PublishRequest(version=version, weights_uri=str(uri), sha256=sha256)
+        return VersionInfo.model_validate(await self._call("POST", "/v1/publish", body))

@@ -49,6 +49,11 @@ CREATE TABLE IF NOT EXISTS samples (
     failed INTEGER NOT NULL DEFAULT 0,
     delivery TEXT                  -- the accepted Delivery, JSON
 );
+CREATE TABLE IF NOT EXISTS submitted (  -- prompts an external trainer sent, in order
+    seq INTEGER PRIMARY KEY,
+    prompt TEXT NOT NULL,
+    answer TEXT NOT NULL
+);
 CREATE TABLE IF NOT EXISTS updates (version INTEGER PRIMARY KEY, stats TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS samples_by_batch ON samples (batch, state);
 CREATE INDEX IF NOT EXISTS samples_by_state ON samples (state, worker);
@@ -160,6 +165,24 @@ class Ledger:
             )
             self._set("cursor", str(k + 1))
         return Group(k, list(prompt), answer)
+
+    def submit(self, prompts: Sequence[tuple[Sequence[int], str]]) -> int:
+        """Queue prompts (token ids, answer) for admission; returns how many are queued."""
+        with self._tx():
+            row = self.db.execute("SELECT COALESCE(MAX(seq) + 1, 0) FROM submitted").fetchone()
+            start = int(row[0])
+            self.db.executemany(
+                "INSERT INTO submitted (seq, prompt, answer) VALUES (?, ?, ?)",
+                [(start + i, json.dumps(list(p)), a) for i, (p, a) in enumerate(prompts)],
+            )
+        return start + len(prompts)
+
+    def submitted(self, seq: int) -> tuple[list[int], str] | None:
+        """The `seq`-th submitted prompt, if it has been submitted."""
+        row = self.db.execute(
+            "SELECT prompt, answer FROM submitted WHERE seq = ?", (seq,)
+        ).fetchone()
+        return None if row is None else (json.loads(row[0]), str(row[1]))
 
     def group(self, index: int) -> Group:
         row = self.db.execute(

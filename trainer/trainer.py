@@ -12,6 +12,7 @@ half-finished version it wrote is overwritten, never served as published.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import threading
 from pathlib import Path
@@ -19,10 +20,11 @@ from typing import Any, Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
+from safetensors.torch import load
 from transformers import AutoModelForCausalLM
 
 from cadence.trainer.grpo import Scored, UpdateConfig, UpdateStats, update
-from cadence.trainer.ledger import Accepted, Group, Ledger
+from cadence.trainer.ledger import Accepted, Group, Ledger, LedgerError
 from cadence.trainer.task import TASKS
 from cadence.trainer.weights import WeightStore, load_optimizer, save_optimizer
 from cadence.worker.api import Delivery
@@ -36,7 +38,9 @@ class TrainerConfig(BaseModel):
 
     model_path: Path
     state_dir: Path  # the ledger, published weights and optimizer state (a volume)
-    task: Literal["digits", "arithmetic"] = "digits"
+    # A built-in task (prompts and verifier, trained here) or "external": prompts are
+    # submitted and batches trained by another trainer through the client (`client.py`).
+    task: Literal["digits", "arithmetic", "external"] = "digits"
     group_size: int = Field(default=8, ge=2)  # samples per prompt
     batch_groups: int = Field(default=8, ge=1)  # B
     iterations: int = Field(default=20, ge=1)  # batches to train
@@ -53,7 +57,8 @@ class TrainerConfig(BaseModel):
 class Trainer:
     def __init__(self, config: TrainerConfig) -> None:
         self.config = config
-        self.task = TASKS[config.task]
+        self.external = config.task == "external"
+        self.task = TASKS["digits" if self.external else config.task]
         config.state_dir.mkdir(parents=True, exist_ok=True)
         self.ledger = Ledger(
             config.state_dir / "ledger.db",
@@ -100,6 +105,12 @@ class Trainer:
             room = max(0, self.admission_limit() - self.ledger.cursor)
             admitted = []
             for _ in range(min(groups, room)):
+                if self.external:
+                    queued = self.ledger.submitted(self.ledger.cursor)
+                    if queued is None:
+                        break  # admission waits for the external trainer's prompts
+                    admitted.append(self.ledger.admit(*queued))
+                    continue
                 prompt = next(self._prompts)
                 admitted.append(
                     self.ledger.admit(self.vocabulary.encode(prompt.text), prompt.answer)
@@ -107,7 +118,7 @@ class Trainer:
             return admitted
 
     def reward(self, delivery: Delivery, answer: str) -> float:
-        if delivery.failed:
+        if delivery.failed or self.external:  # an external trainer scores its own samples
             return 0.0
         text = self.vocabulary.decode(
             [t for turn in delivery.turns if turn.role == "model" for t in turn.token_ids]
@@ -126,6 +137,8 @@ class Trainer:
     # --- training -----------------------------------------------------------------------
 
     def ready(self) -> bool:
+        if self.external:
+            return False
         with self.lock:
             u = self.ledger.consumed_batches
             return u < self.config.iterations and self.ledger.batch_complete(u)
@@ -151,6 +164,27 @@ class Trainer:
             for old in range(u + 1):
                 self._optimizer_path(old).unlink(missing_ok=True)
         return stats
+
+    def publish_external(self, version: int, data: bytes, sha256: str) -> None:
+        """An external trainer's update of batch `version - 1`: its weights (checked, loaded
+        to prove they fit the model) become `version`, and the batch is consumed."""
+        digest = hashlib.sha256(data).hexdigest()
+        if digest != sha256:
+            raise LedgerError(f"the weights' sha256 is {digest}, not {sha256}")
+        with self.lock:
+            u = self.ledger.consumed_batches
+            if version != u + 1:
+                raise LedgerError(f"the next version is {u + 1}, not {version}")
+            if not self.ledger.batch_complete(u):
+                raise LedgerError(f"batch {u} is not complete")
+        try:
+            self.model.load_state_dict(load(data), strict=True)
+        except Exception as e:
+            raise LedgerError(f"the weights do not fit the model: {e}") from None
+        self.store.publish(self.model, version)
+        with self.lock:
+            self.ledger.consume(u, version, json.dumps({"external": True}))
+            self.store.retain(self._kept())
 
     def reward_by_version(self) -> dict[int, float]:
         """Mean reward of the samples each version generated, oldest first."""

@@ -76,7 +76,8 @@ def read_token(token_file: Path | None) -> str:
     return token
 
 
-async def _fetch(uri: str, token: str) -> bytes:
+async def fetch(uri: str, token: str) -> bytes:
+    """Bytes from an http(s) URI (with the pool's token) or a path."""
     if uri.startswith(("http://", "https://")):
         async with httpx.AsyncClient(timeout=300.0) as http:
             r = await http.get(uri, headers={"Authorization": f"Bearer {token}"})
@@ -124,8 +125,8 @@ def build(options: WorkerOptions) -> WorkerCore:
     peers = Peers(options.token)
     token = options.token
 
-    async def fetch(uri: str) -> bytes:
-        return await _fetch(uri, token)
+    async def fetch_weights(uri: str) -> bytes:
+        return await fetch(uri, token)
 
     outbox = None
     if options.trainer_url is not None:
@@ -148,7 +149,7 @@ def build(options: WorkerOptions) -> WorkerCore:
         peers.claim,
         peers.release,
         0,
-        fetch_weights=fetch,
+        fetch_weights=fetch_weights,
         weights_dir=options.weights_dir,
         outbox=outbox,
         tools=tools,
