@@ -3,6 +3,7 @@ as the worker sampled them, and a step that makes rewarded completions likelier.
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -11,11 +12,12 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from cadence.trainer.grpo import Scored, UpdateConfig, advantages, token_logprobs, update
-from cadence.worker.api import Sampling
+from cadence.worker.api import FreshStart, PlaceRequest, Sampling, TrajectoryState
 from cadence.worker.emulated import EngineRequest
 from cadence.worker.tinymodel import make_tiny_llama
 from cadence.worker.torchsource import TorchTokenSource
 
+from ..worker.factories import Pool, moved
 from .factories import delivery
 
 PROMPT = [5, 17, 99, 3, 250, 8, 41, 7]
@@ -86,3 +88,31 @@ def test_an_update_makes_the_rewarded_completion_likelier(model_path: Path, lr: 
         assert after > before + 0.1
     else:
         assert after == pytest.approx(before, abs=1e-4)
+
+
+def test_logprobs_of_a_trajectory_that_migrated_match_the_workers(model_path: Path) -> None:
+    """Decoded on one emulated worker, evicted, finished on another: the trainer's
+    recomputed logprobs match what both workers reported."""
+    pool = Pool()
+    a = pool.add("a", source=TorchTokenSource(model_path))
+    b = pool.add("b", source=TorchTokenSource(model_path))
+    sampling = Sampling(temperature=0.8, seed=11)
+    start = FreshStart(prompt_token_ids=PROMPT, max_tokens=16, sampling=sampling)
+
+    async def run() -> TrajectoryState:
+        await a.place(PlaceRequest(id="t", attempt=0, version=0, fresh=start))
+        for _ in range(7):
+            await a.step()
+        a.evict("t")
+        await b.place(moved("t", pool.source("a"), attempt=1))
+        while b.resident:
+            await b.step()
+        return b.finished[0]
+
+    state = asyncio.run(run())
+    assert [t.role for t in state.turns] == ["model", "model"]  # two stints
+    tokens = [t for turn in state.turns for t in turn.token_ids]
+    given = [lp for turn in state.turns for lp in turn.logprobs or []]
+    with torch.inference_mode():
+        mine = token_logprobs(_model(model_path), PROMPT + tokens, 0.8)[len(PROMPT) - 1 :]
+    assert torch.allclose(mine, torch.tensor(given), atol=1e-4)

@@ -19,7 +19,7 @@ from cadence.worker.api import (
     TrajectoryState,
 )
 from cadence.worker.core import Identity, WorkerCore
-from cadence.worker.emulated import EmulatedEngine, EngineRequest, Sampled
+from cadence.worker.emulated import EmulatedEngine, EngineRequest, Sampled, TokenSource
 
 
 class FakeClock:
@@ -72,8 +72,17 @@ class Pool:
         self.cores: dict[str, WorkerCore] = {}
         self.down: set[str] = set()
 
-    def add(self, wid: str, *, capacity: int = 100_000, version: int | None = 0) -> WorkerCore:
-        engine = EmulatedEngine(deployment(capacity=capacity), CountingSource(), clock=self.clock)
+    def add(
+        self,
+        wid: str,
+        *,
+        capacity: int = 100_000,
+        version: int | None = 0,
+        source: TokenSource | None = None,
+    ) -> WorkerCore:
+        engine = EmulatedEngine(
+            deployment(capacity=capacity), source or CountingSource(), clock=self.clock
+        )
         core = WorkerCore(
             Identity(wid, "H800", 0), engine, self.clock, self._claim, self._release, version
         )
