@@ -9,9 +9,8 @@ token; refusals are one sentence (`worker/web.py`).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import Iterable
 
 from fastapi import FastAPI, Response
 from fastapi.responses import FileResponse
@@ -73,15 +72,7 @@ async def _train_forever(trainer: Trainer) -> None:
 
 
 def create_app(trainer: Trainer, token: str, *, train: bool = True) -> FastAPI:
-    @contextlib.asynccontextmanager
-    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        task = asyncio.create_task(_train_forever(trainer)) if train else None
-        yield
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-
+    lifespan = web.background((lambda: _train_forever(trainer)) if train else None)
     app = FastAPI(title="Cadence trainer", version="v1", lifespan=lifespan)
     guarded = web.install(app, token)
     registry = CollectorRegistry()

@@ -14,10 +14,8 @@ import asyncio
 import hashlib
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import httpx
-from pydantic import BaseModel
 
 from cadence.trainer.api import (
     AdmitRequest,
@@ -32,17 +30,16 @@ from cadence.trainer.api import (
     SubmittedPrompt,
     VersionInfo,
 )
-from cadence.worker.api import Problem
+from cadence.worker.web import ServiceClient, ServiceError
 
 
-class TrainerError(Exception):
-    def __init__(self, status: int, reason: str, message: str) -> None:
-        super().__init__(f"{status} {reason}: {message}")
-        self.status = status
-        self.reason = reason
+class TrainerError(ServiceError):
+    """The trainer's refusal."""
 
 
-class TrainerClient:
+class TrainerClient(ServiceClient):
+    error = TrainerError
+
     def __init__(
         self,
         url: str,
@@ -51,28 +48,7 @@ class TrainerClient:
         timeout_s: float = 10.0,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
-        self.url = url.rstrip("/")
-        self.http = httpx.AsyncClient(
-            base_url=self.url,
-            headers={"Authorization": f"Bearer {token}"},
-            timeout=timeout_s,
-            transport=transport,
-        )
-
-    async def aclose(self) -> None:
-        await self.http.aclose()
-
-    async def _call(self, method: str, path: str, body: BaseModel | None = None) -> Any:
-        content = body.model_dump_json() if body is not None else None
-        headers = {"content-type": "application/json"} if body is not None else None
-        response = await self.http.request(method, path, content=content, headers=headers)
-        if response.is_success:
-            return response.json()
-        try:
-            p = Problem.model_validate_json(response.content)
-        except ValueError:
-            p = Problem(error=response.text[:200] or response.reason_phrase, reason="http")
-        raise TrainerError(response.status_code, p.reason, p.error)
+        super().__init__(url, token, timeout_s=timeout_s, transport=transport)
 
     async def ledger(self) -> LedgerView:
         return LedgerView.model_validate(await self._call("GET", "/v1/ledger"))

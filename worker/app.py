@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import Iterable
 
 from fastapi import FastAPI, Response
 from fastapi.responses import FileResponse, JSONResponse
@@ -94,15 +94,7 @@ async def _decode_forever(core: WorkerCore, retry_s: float = 0.2) -> None:
 
 
 def create_app(core: WorkerCore, token: str, *, run_decode_loop: bool = True) -> FastAPI:
-    @contextlib.asynccontextmanager
-    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        task = asyncio.create_task(_decode_forever(core)) if run_decode_loop else None
-        yield
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-
+    lifespan = web.background((lambda: _decode_forever(core)) if run_decode_loop else None)
     app = FastAPI(title="Cadence rollout worker", version="v1", lifespan=lifespan)
     registry = CollectorRegistry()
     registry.register(_CoreCollector(core))

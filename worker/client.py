@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import httpx
-from pydantic import BaseModel, TypeAdapter
+from pydantic import TypeAdapter
 
 from cadence.worker.api import (
     AdvanceRequest,
@@ -19,24 +19,22 @@ from cadence.worker.api import (
     EvictResponse,
     PlaceRequest,
     PlaceResponse,
-    Problem,
     ReleaseRequest,
     Source,
     TrajectoryState,
     WorkerState,
 )
 from cadence.worker.core import Refused
+from cadence.worker.web import ServiceClient, ServiceError
 
 
-class WorkerError(Exception):
-    def __init__(self, status: int, reason: str, message: str) -> None:
-        super().__init__(f"{status} {reason}: {message}")
-        self.status = status
-        self.reason = reason
-        self.message = message
+class WorkerError(ServiceError):
+    """A worker's refusal."""
 
 
-class WorkerClient:
+class WorkerClient(ServiceClient):
+    error = WorkerError
+
     def __init__(
         self,
         url: str,
@@ -45,27 +43,7 @@ class WorkerClient:
         timeout_s: float = 5.0,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
-        self.http = httpx.AsyncClient(
-            base_url=url,
-            headers={"Authorization": f"Bearer {token}"},
-            timeout=timeout_s,
-            transport=transport,
-        )
-
-    async def aclose(self) -> None:
-        await self.http.aclose()
-
-    async def _call(self, method: str, path: str, body: BaseModel | None = None) -> Any:
-        content = body.model_dump_json() if body is not None else None
-        headers = {"content-type": "application/json"} if body is not None else None
-        response = await self.http.request(method, path, content=content, headers=headers)
-        if response.is_success:
-            return response.json() if response.content else None
-        try:
-            problem = Problem.model_validate_json(response.content)
-        except ValueError:
-            problem = Problem(error=response.text[:200] or response.reason_phrase, reason="http")
-        raise WorkerError(response.status_code, problem.reason, problem.error)
+        super().__init__(url, token, timeout_s=timeout_s, transport=transport)
 
     async def state(self) -> WorkerState:
         return WorkerState.model_validate(await self._call("GET", "/v1/state"))

@@ -7,13 +7,17 @@ everywhere: a `Problem` body with a reason and one sentence.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hmac
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from typing import Any
 
+import httpx
 from fastapi import Depends, FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
 
 from cadence.worker.api import MAX_BODY_BYTES, Problem
 
@@ -69,3 +73,76 @@ def install(app: FastAPI, token: str, refusals: tuple[type[Exception], ...] = ()
             raise Refusal(401, "unauthorised", "a valid bearer token is required")
 
     return [Depends(authorised)]
+
+
+def background(work: Callable[[], Coroutine[Any, Any, None]] | None) -> Any:
+    """A FastAPI lifespan that runs `work()` for the app's lifetime (None: nothing)."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        task = asyncio.create_task(work()) if work is not None else None
+        yield
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    return lifespan
+
+
+class ServiceError(Exception):
+    """A refusal from another Cadence service: its status, reason and sentence."""
+
+    def __init__(self, status: int, reason: str, message: str) -> None:
+        super().__init__(f"{status} {reason}: {message}")
+        self.status = status
+        self.reason = reason
+        self.message = message
+
+
+async def call_json(
+    http: httpx.AsyncClient, method: str, path: str, body: BaseModel | None = None
+) -> Any:
+    """Send `body` as JSON; the decoded answer, or `ServiceError` from its `Problem`."""
+    content = body.model_dump_json() if body is not None else None
+    headers = {"content-type": "application/json"} if body is not None else None
+    response = await http.request(method, path, content=content, headers=headers)
+    if response.is_success:
+        return response.json() if response.content else None
+    try:
+        p = Problem.model_validate_json(response.content)
+    except ValueError:
+        p = Problem(error=response.text[:200] or response.reason_phrase, reason="http")
+    raise ServiceError(response.status_code, p.reason, p.error)
+
+
+class ServiceClient:
+    """An async JSON client for one Cadence service, with the pool's bearer token;
+    subclasses name the error their callers catch."""
+
+    error: type[ServiceError] = ServiceError
+
+    def __init__(
+        self,
+        url: str,
+        token: str,
+        *,
+        timeout_s: float = 5.0,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self.url = url.rstrip("/")
+        self.http = httpx.AsyncClient(
+            base_url=self.url,
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=timeout_s,
+            transport=transport,
+        )
+
+    async def aclose(self) -> None:
+        await self.http.aclose()
+
+    async def _call(self, method: str, path: str, body: BaseModel | None = None) -> Any:
+        try:
+            return await call_json(self.http, method, path, body)
+        except ServiceError as e:
+            raise self.error(e.status, e.reason, e.message) from None
