@@ -3,12 +3,12 @@
 `digits` is the toy task the learning test and `cadence bench learn` use. The prompt
 asks for a run of sevens; the reward is the share of the first 16 characters the model
 writes (spaces left out) that are "7". It is verifiable, graded (most groups have some
-variance for GRPO to use) and learnable by a tiny random-weight model in about fifteen
+variance for GRPO to use) and learnable by a tiny random-weight model in about ten
 versions: a random model writes a seven about one character in twenty, and the policy
 only has to move its mass onto the vocabulary's sevens ("7", "77", " 77", ...). A
 learning rate of 0 leaves it where it started, which is the control. A learning rate
-too high collapses the policy onto the first token that scores at all (" 277" scores
-0.63) before it finds the better ones; measured in the README.
+too high collapses the policy onto one output that scores only partly (every sample
+alike, so GRPO has no variance left to learn from); measured in the README.
 
 `arithmetic` pairs calculator-style questions with their answers for the `math`
 verifier (and the calculator environment on multi-turn runs).
