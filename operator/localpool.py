@@ -50,6 +50,14 @@ def wait_healthy(
             time.sleep(0.2)
 
 
+class Workers(dict[str, str]):
+    """{worker id: URL}, with each worker's process (tests kill one to lose it)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.processes: dict[str, subprocess.Popen[bytes]] = {}
+
+
 @contextlib.contextmanager
 def worker_processes(
     ids: Sequence[str],
@@ -59,22 +67,22 @@ def worker_processes(
     within_s: float,
     cwd: Path | None = None,
     logs: Path | None = None,
-) -> Iterator[dict[str, str]]:
+) -> Iterator[Workers]:
     """`cadence worker` processes, one per id with `args(id)` added, each on a free port;
     yields {id: URL} once all are healthy, and stops them (SIGTERM, then kill). Output
     goes to `logs/<id>.log` when `logs` is given, else nowhere."""
-    urls, procs = {}, []
+    urls, procs = Workers(), []
     try:
         for wid in ids:
             port = free_port()
             urls[wid] = f"http://127.0.0.1:{port}"
             cmd = [*CADENCE, "worker", "--id", wid, "--port", str(port), *args(wid)]
             out = (logs / f"{wid}.log").open("wb") if logs is not None else subprocess.DEVNULL
-            procs.append(
-                subprocess.Popen(
-                    cmd, cwd=cwd, env={**os.environ, **env}, stdout=out, stderr=subprocess.STDOUT
-                )
+            proc = subprocess.Popen(
+                cmd, cwd=cwd, env={**os.environ, **env}, stdout=out, stderr=subprocess.STDOUT
             )
+            procs.append(proc)
+            urls.processes[wid] = proc
         wait_healthy(urls.values(), procs, within_s=within_s)
         yield urls
     finally:

@@ -1,7 +1,7 @@
-"""Restarts mid-run: the trainer process killed (SIGKILL) and started again on its state
-directory, and the control loop stopped and replaced by a new one. In both the run
-finishes with every admitted sample consumed exactly once, each batch trained once into
-its version, as the ledger shows."""
+"""Failures mid-run: the trainer process killed (SIGKILL) and started again on its state
+directory, the control loop stopped and replaced by a new one, a worker killed and
+declared lost. In each the run finishes with every admitted sample consumed exactly
+once, each batch trained once into its version, as the ledger shows."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from cadence.operator.localpool import CADENCE, free_port, wait_healthy, worker_processes
+from cadence.operator.localpool import CADENCE, Workers, free_port, wait_healthy, worker_processes
 from cadence.operator.loop import ControlLoop, LoopConfig
 from cadence.operator.scheduler.cadence import CadencePolicy
 from cadence.operator.scheduler.snapshot import Knobs
@@ -54,16 +54,15 @@ class Run:
         self.trainer.send_signal(signal.SIGKILL)
         self.trainer.wait()
 
-    def loop(self, workers: dict[str, str]) -> ControlLoop:
+    def loop(self, workers: dict[str, str], lost_after_s: float = 10.0) -> ControlLoop:
         knobs = Knobs(h_min=256, delta=16, eta=1, min_decode=4)
         client = TrainerClient(self.url, TOKEN, timeout_s=2.0)
-        return ControlLoop(
-            CadencePolicy(), LoopConfig(knobs=knobs, period_s=0.1), client, workers, TOKEN
-        )
+        config = LoopConfig(knobs=knobs, period_s=0.1, lost_after_s=lost_after_s)
+        return ControlLoop(CadencePolicy(), config, client, workers, TOKEN)
 
 
 @pytest.fixture
-def run(tmp_path: Path) -> Iterator[tuple[Run, dict[str, str]]]:
+def run(tmp_path: Path) -> Iterator[tuple[Run, Workers]]:
     r = Run(tmp_path)
     r.start_trainer()
     args = ["--model-path", str(r.model), "--trainer-url", r.url]
@@ -104,7 +103,7 @@ def _ledger_shows_every_sample_once(r: Run) -> None:
     assert ledger.version == ITERATIONS
 
 
-def test_a_trainer_killed_mid_run_resumes_from_its_ledger(run: tuple[Run, dict[str, str]]) -> None:
+def test_a_trainer_killed_mid_run_resumes_from_its_ledger(run: tuple[Run, Workers]) -> None:
     r, workers = run
 
     async def scenario() -> None:
@@ -122,7 +121,7 @@ def test_a_trainer_killed_mid_run_resumes_from_its_ledger(run: tuple[Run, dict[s
     _ledger_shows_every_sample_once(r)
 
 
-def test_a_control_loop_replaced_mid_run_rebuilds_its_view(run: tuple[Run, dict[str, str]]) -> None:
+def test_a_control_loop_replaced_mid_run_rebuilds_its_view(run: tuple[Run, Workers]) -> None:
     r, workers = run
 
     async def scenario() -> None:
@@ -139,4 +138,23 @@ def test_a_control_loop_replaced_mid_run_rebuilds_its_view(run: tuple[Run, dict[
         await second.aclose()
 
     asyncio.run(scenario())
+    _ledger_shows_every_sample_once(r)
+
+
+def test_a_worker_killed_mid_run_is_lost_and_its_samples_requeued(
+    run: tuple[Run, Workers],
+) -> None:
+    r, workers = run
+
+    async def scenario() -> list[str]:
+        loop = r.loop(workers, lost_after_s=1.0)
+        task = asyncio.create_task(loop.run(_consumed_at_least(r, ITERATIONS)))
+        while not await _consumed_at_least(r, 2)():
+            await asyncio.sleep(0.05)
+        workers.processes["w1"].send_signal(signal.SIGKILL)  # with whatever it held
+        await asyncio.wait_for(task, timeout=300)
+        await loop.aclose()
+        return loop.reports[-1].lost
+
+    assert asyncio.run(scenario()) == ["w1"]
     _ledger_shows_every_sample_once(r)
