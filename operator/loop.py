@@ -24,11 +24,13 @@ import logging
 import time
 import zlib
 from collections import Counter
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from cadence.operator.scheduler.actions import Action, Admit, Advance, Evict, Place
 from cadence.operator.scheduler.policy import Policy
@@ -89,6 +91,7 @@ class ControlLoop:
     _silent_since: dict[str, float] = field(default_factory=dict)
     _lost: set[str] = field(default_factory=set)
     _pending_since: dict[str, float] = field(default_factory=dict)
+    _totals: Counter[str] = field(default_factory=Counter)  # actions, errors, requeued
 
     def __post_init__(self) -> None:
         if self.state is None:
@@ -146,7 +149,16 @@ class ControlLoop:
             lost=sorted(self._lost),
         )
         self.reports.append(report)
+        del self.reports[:-1000]
+        self._totals.update(counts)
+        self._totals["errors"] += errors
+        self._totals["requeued"] += requeued
+        self._totals["cycles"] += 1
         return report
+
+    def collector(self) -> Collector:
+        """Prometheus metrics of this loop, read at scrape time."""
+        return _LoopCollector(self)
 
     async def _observe(self) -> dict[str, WorkerState]:
         ids = [w for w in self._clients if w not in self._lost]
@@ -317,3 +329,30 @@ def _seed(sid: str, attempt: int) -> int:
     """A sample's sampling seed: distinct per sample and attempt, the same on every
     worker, so a resumed trajectory samples as it would have in place."""
     return zlib.crc32(f"{sid}:{attempt}".encode())
+
+
+class _LoopCollector(Collector):
+    def __init__(self, loop: ControlLoop) -> None:
+        self.loop = loop
+
+    def collect(self) -> Iterable[Metric]:
+        loop = self.loop
+        cycles = CounterMetricFamily("cadence_loop_cycles", "Control cycles run.")
+        cycles.add_metric([], loop._totals["cycles"])
+        yield cycles
+        last = GaugeMetricFamily("cadence_loop_cycle_ms", "The last cycle's duration, ms.")
+        last.add_metric([], loop.reports[-1].cycle_ms if loop.reports else 0.0)
+        yield last
+        actions = CounterMetricFamily(
+            "cadence_loop_actions", "Actions applied, by kind.", labels=["kind"]
+        )
+        for kind in ("evict", "place", "advance", "admit"):
+            actions.add_metric([kind], loop._totals[kind])
+        yield actions
+        for name, doc in (("errors", "Actions that failed."), ("requeued", "Samples re-queued.")):
+            c = CounterMetricFamily(f"cadence_loop_{name}", doc)
+            c.add_metric([], loop._totals[name])
+            yield c
+        lost = GaugeMetricFamily("cadence_loop_lost_workers", "Workers declared lost.")
+        lost.add_metric([], len(loop._lost))
+        yield lost

@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
 import pytest
+from prometheus_client import CollectorRegistry, generate_latest
 
 from cadence.operator.localpool import CADENCE, Workers, free_port, wait_healthy, worker_processes
 from cadence.operator.loop import ControlLoop, LoopConfig
@@ -146,7 +147,7 @@ def test_a_worker_killed_mid_run_is_lost_and_its_samples_requeued(
 ) -> None:
     r, workers = run
 
-    async def scenario() -> list[str]:
+    async def scenario() -> str:
         loop = r.loop(workers, lost_after_s=1.0)
         task = asyncio.create_task(loop.run(_consumed_at_least(r, ITERATIONS)))
         while not await _consumed_at_least(r, 2)():
@@ -154,7 +155,10 @@ def test_a_worker_killed_mid_run_is_lost_and_its_samples_requeued(
         workers.processes["w1"].send_signal(signal.SIGKILL)  # with whatever it held
         await asyncio.wait_for(task, timeout=300)
         await loop.aclose()
-        return loop.reports[-1].lost
+        registry = CollectorRegistry()
+        registry.register(loop.collector())
+        return generate_latest(registry).decode()
 
-    assert asyncio.run(scenario()) == ["w1"]
+    metrics = asyncio.run(scenario())
+    assert "cadence_loop_lost_workers 1.0" in metrics
     _ledger_shows_every_sample_once(r)
