@@ -1,0 +1,60 @@
+"""The resources: the shipped example validates, and a bad file is one sentence naming
+the field path and the reason."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from cadence.operator.resources import ResourceError, load
+
+EXAMPLE = Path(__file__).parents[2] / "manifests" / "examples" / "trainingrun.yaml"
+
+
+def test_the_example_validates() -> None:
+    pool, run = load(EXAMPLE)
+    assert [g.name for g in pool.spec.groups] == ["h800", "a910x"]
+    assert pool.spec.groups[0].price_per_hour == 2.0  # pricePerHour in YAML
+    assert run.spec.scheduler.h_min == 256 and run.spec.batch.prompts_per_batch == 8
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (
+            ("accelerator: H800", "accelerator: TPU9"),
+            "RolloutPool spec.groups.0: unknown accelerator 'TPU9'",
+        ),
+        (
+            (
+                "replicas: 2\n      pricePerHour: 2.0",
+                "replicas: 99\n      maxReplicas: 4\n      pricePerHour: 2.0",
+            ),
+            "minReplicas <= replicas <= maxReplicas",
+        ),
+        (("name: a910x", "name: h800"), "group names must be unique"),
+        (
+            ("hMin: 256", "hMin: -1"),
+            "TrainingRun spec.scheduler.hMin: Input should be greater than or equal to 0",
+        ),
+        (("policy: cadence", "policy: fifo"), "unknown policy 'fifo'"),
+        (("pool: mixed", "pool: other"), "it names pool 'other'"),
+        (
+            ("  iterations: 12", "  iterations: 12\n    bogus: 1"),
+            "spec.batch.bogus: Extra inputs are not permitted",
+        ),
+        (("kind: TrainingRun", "kind: Job"), "a document of kind 'Job'"),
+    ],
+)
+def test_a_bad_file_names_the_field_and_the_reason(
+    tmp_path: Path, edit: tuple[str, str], message: str
+) -> None:
+    text = EXAMPLE.read_text()
+    assert edit[0] in text
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(text.replace(edit[0], edit[1], 1))
+    with pytest.raises(ResourceError) as e:
+        load(bad)
+    assert message in str(e.value)
+    assert "\n" not in str(e.value)
