@@ -8,15 +8,18 @@ the same parser.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
+import dataclasses
 import json
 import os
+import re
 import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import NoReturn, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import yaml
 from pydantic import ValidationError
@@ -374,6 +377,42 @@ def _cmd_trainer(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_run(args: argparse.Namespace) -> int:
+    from cadence.operator.resources import ResourceError, load  # noqa: PLC0415
+
+    try:
+        pool, training = load(args.file)
+    except ResourceError as e:
+        raise UsageError(str(e)) from None
+    if training.spec.dataset.task == "external":
+        raise UsageError(
+            "cadence run trains a built-in task; dataset.task external needs a trainer"
+        )
+    if args.policy is not None and args.policy not in POLICIES:
+        raise UsageError(f"unknown policy {args.policy!r}; known: {', '.join(POLICIES)}")
+    if args.compression <= 0:
+        raise UsageError("--compression must be positive")
+    # Imported here: torch takes seconds to import, and most subcommands never need it.
+    from cadence.operator import run as local  # noqa: PLC0415
+
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="cadence-run-"))
+    result = asyncio.run(
+        local.run(
+            pool,
+            training,
+            workdir,
+            policy=args.policy,
+            hosts=args.hosts,
+            compression=args.compression,
+        )
+    )
+    result["workdir"] = str(workdir)
+    if args.json is not None:
+        local.write(result, args.json)
+    print(json.dumps(result), flush=True)
+    return 0
+
+
 def _cmd_worker(args: argparse.Namespace) -> int:
     # Imported here: torch takes seconds to import, and most subcommands never need it.
     from cadence.worker import serve  # noqa: PLC0415
@@ -407,10 +446,29 @@ def _cmd_worker(args: argparse.Namespace) -> int:
             env_tries=args.env_tries,
         )
         serve.check(options)  # refuse bad settings before anything heavy starts
+        hosted = [_hosted(options, spec) for spec in args.hosted or ()]
+        for o in hosted:
+            serve.check(o)
+        if hosted and options.engine != "emulated":
+            raise UsageError("--hosted workers run on the emulated engine only")
     except serve.ConfigError as e:
         raise UsageError(str(e)) from None
-    serve.serve(options)
+    if hosted:
+        serve.serve_host(hosted, host=options.host, port=options.port, grace_s=options.grace_s)
+    else:
+        serve.serve(options)
     return 0
+
+
+def _hosted(base: Any, spec: str) -> Any:
+    """WorkerOptions for one `--hosted ID:ACCELERATOR:AFFINITY` worker."""
+    parts = spec.split(":")
+    if len(parts) != 3 or not parts[2].isdigit() or not re.fullmatch(r"[a-z0-9-]+", parts[0]):
+        raise UsageError(f"--hosted {spec!r} is not ID:ACCELERATOR:AFFINITY (id: a-z, 0-9, -)")
+    weights = None if base.weights_dir is None else base.weights_dir / parts[0]
+    return dataclasses.replace(
+        base, worker_id=parts[0], accelerator=parts[1], affinity=int(parts[2]), weights_dir=weights
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -496,9 +554,32 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument(
         "--env-url", help="the environment that answers tool calls (multi-turn off if absent)"
     )
+    w.add_argument(
+        "--hosted",
+        action="append",
+        metavar="ID:ACCELERATOR:AFFINITY",
+        help="host this worker in the process, at /ID on --port (repeat for several; "
+        "emulated engine only)",
+    )
     w.add_argument("--env-timeout-s", type=float, default=30.0, help="timeout per environment try")
     w.add_argument("--env-tries", type=_at_least(1), default=3, help="environment tries per call")
     w.set_defaults(run=_cmd_worker)
+
+    rn = sub.add_parser(
+        "run",
+        help="run a RolloutPool and TrainingRun on this machine (emulated accelerators)",
+        description="Run the whole system on this machine from a YAML file holding a "
+        "RolloutPool and a TrainingRun: the pool's workers on the emulated engine, several "
+        "per host process, the trainer, and the control loop, until every batch is "
+        "trained. Prints the run's measures as JSON.",
+    )
+    rn.add_argument("file", type=Path, help="YAML with a RolloutPool and a TrainingRun")
+    rn.add_argument("--json", type=Path, help="also write the measures here")
+    rn.add_argument("--policy", help="override the run's scheduler policy")
+    rn.add_argument("--hosts", type=_at_least(1), default=2, help="worker host processes")
+    rn.add_argument("--compression", type=float, default=1.0, help="time compression factor")
+    rn.add_argument("--workdir", type=Path, help="keep the run's files here (default: temp)")
+    rn.set_defaults(run=_cmd_run)
 
     t = sub.add_parser(
         "trainer",

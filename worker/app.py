@@ -78,7 +78,7 @@ class _CoreCollector(Collector):
         )
 
 
-async def _decode_forever(core: WorkerCore, retry_s: float = 0.2) -> None:
+async def decode_forever(core: WorkerCore, retry_s: float = 0.2) -> None:
     while True:
         if core.resident:
             await core.step()
@@ -94,7 +94,7 @@ async def _decode_forever(core: WorkerCore, retry_s: float = 0.2) -> None:
 
 
 def create_app(core: WorkerCore, token: str, *, run_decode_loop: bool = True) -> FastAPI:
-    lifespan = web.background((lambda: _decode_forever(core)) if run_decode_loop else None)
+    lifespan = web.background((lambda: decode_forever(core)) if run_decode_loop else None)
     app = FastAPI(title="Cadence rollout worker", version="v1", lifespan=lifespan)
     registry = CollectorRegistry()
     registry.register(_CoreCollector(core))

@@ -16,6 +16,7 @@ from types import FrameType
 from typing import Literal
 
 import httpx
+import torch
 import uvicorn
 
 from cadence.sim.catalog import ACCELERATORS, MODELS
@@ -25,6 +26,7 @@ from cadence.worker.client import Peers, TrainerSender
 from cadence.worker.core import Identity, WorkerCore
 from cadence.worker.emulated import EmulatedEngine, MonotonicClock
 from cadence.worker.engine import Engine
+from cadence.worker.host import create_host_app
 from cadence.worker.outbox import Outbox
 from cadence.worker.tools import HttpEnvironment, ToolUse, Vocabulary
 from cadence.worker.torchsource import TorchTokenSource
@@ -158,9 +160,12 @@ def build(options: WorkerOptions) -> WorkerCore:
 
 
 class _DrainingServer(uvicorn.Server):
-    def __init__(self, config: uvicorn.Config, core: WorkerCore, grace_s: float) -> None:
+    """uvicorn that drains its workers on the first SIGTERM and exits when nothing is
+    parked or the grace period ends; a second signal exits at once."""
+
+    def __init__(self, config: uvicorn.Config, cores: list[WorkerCore], grace_s: float) -> None:
         super().__init__(config)
-        self.core = core
+        self.cores = cores
         self.grace_s = grace_s
         self.draining: asyncio.Task[None] | None = None
 
@@ -168,13 +173,14 @@ class _DrainingServer(uvicorn.Server):
         if self.draining is not None:  # a second signal: go now
             super().handle_exit(sig, frame)
             return
-        self.core.drain()
+        for core in self.cores:
+            core.drain()
         self.draining = asyncio.get_event_loop().create_task(self._drain())
 
     async def _drain(self) -> None:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.grace_s
-        while self.core.parked and loop.time() < deadline:
+        while any(c.parked for c in self.cores) and loop.time() < deadline:
             await asyncio.sleep(0.1)
         self.should_exit = True
 
@@ -185,9 +191,24 @@ def serve(options: WorkerOptions) -> None:
         app = create_app(core, options.token)
         config = uvicorn.Config(app, host=options.host, port=options.port, log_level="info")
         try:
-            await _DrainingServer(config, core, options.grace_s).serve()
+            await _DrainingServer(config, [core], options.grace_s).serve()
         finally:
             if isinstance(core.engine, VllmEngine):
                 core.engine.shutdown()  # inside the loop, where vLLM closes its sockets
+
+    asyncio.run(run())
+
+
+def serve_host(workers: list[WorkerOptions], *, host: str, port: int, grace_s: float) -> None:
+    """Several emulated workers in this process, each mounted at `/<id>` on one port
+    (`host.py`). Killing the process loses them all, as losing a node would."""
+    # One torch thread per step: a host's workers step concurrently on few cores.
+    torch.set_num_threads(1)
+
+    async def run() -> None:
+        cores = {o.worker_id: build(o) for o in workers}
+        app = create_host_app(cores, workers[0].token)
+        config = uvicorn.Config(app, host=host, port=port, log_level="warning")
+        await _DrainingServer(config, list(cores.values()), grace_s).serve()
 
     asyncio.run(run())
