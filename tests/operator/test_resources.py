@@ -41,7 +41,7 @@ def test_the_example_validates() -> None:
         (("policy: cadence", "policy: fifo"), "unknown policy 'fifo'"),
         (("pool: mixed", "pool: other"), "it names pool 'other'"),
         (
-            ("  iterations: 12", "  iterations: 12\n    bogus: 1"),
+            ("  iterations: 30", "  iterations: 30\n    bogus: 1"),
             "spec.batch.bogus: Extra inputs are not permitted",
         ),
         (("kind: TrainingRun", "kind: Job"), "a document of kind 'Job'"),

@@ -18,7 +18,7 @@ def test_a_short_run_of_the_example_ends_every_sample_once(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     short = tmp_path / "short.yaml"
-    short.write_text(EXAMPLE.read_text().replace("iterations: 12", "iterations: 3"))
+    short.write_text(EXAMPLE.read_text().replace("iterations: 30", "iterations: 3"))
     out = tmp_path / "out.json"
     argv = ["run", str(short), "--json", str(out), "--workdir", str(tmp_path / "run")]
     assert main(argv) == 0
