@@ -92,6 +92,9 @@ class ControlLoop:
     _lost: set[str] = field(default_factory=set)
     _pending_since: dict[str, float] = field(default_factory=dict)
     _totals: Counter[str] = field(default_factory=Counter)  # actions, errors, requeued
+    # Advances in flight (fetching and loading weights takes long): the worker is left
+    # out of observation and planning until its advance ends, so cycles stay short.
+    _advancing: dict[str, asyncio.Task[None]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.state is None:
@@ -102,6 +105,9 @@ class ControlLoop:
             )
 
     async def aclose(self) -> None:
+        for task in self._advancing.values():
+            task.cancel()
+        await asyncio.gather(*self._advancing.values(), return_exceptions=True)
         for c in self._clients.values():
             await c.aclose()
 
@@ -161,7 +167,7 @@ class ControlLoop:
         return _LoopCollector(self)
 
     async def _observe(self) -> dict[str, WorkerState]:
-        ids = [w for w in self._clients if w not in self._lost]
+        ids = [w for w in self._clients if w not in self._lost and w not in self._advancing]
         results = await asyncio.gather(
             *(self._clients[w].state() for w in ids), return_exceptions=True
         )
@@ -273,6 +279,15 @@ class ControlLoop:
         elif isinstance(action, Place):
             await self._place(action, view, pending, attempts)
         elif isinstance(action, Advance):
+            if action.worker not in self._advancing:
+                task = asyncio.create_task(self._advance(action))
+                self._advancing[action.worker] = task
+                task.add_done_callback(lambda _: self._advancing.pop(action.worker, None))
+        elif isinstance(action, Admit):
+            await self.trainer.admit(action.groups)
+
+    async def _advance(self, action: Advance) -> None:
+        try:
             info = await self.trainer.version(action.version)
             request = AdvanceRequest(
                 version=action.version,
@@ -280,8 +295,9 @@ class ControlLoop:
                 sha256=info.sha256,
             )
             await self._clients[action.worker].advance(request)
-        elif isinstance(action, Admit):
-            await self.trainer.admit(action.groups)
+        except (WorkerError, TrainerError, OSError, httpx.TransportError) as e:
+            self._totals["errors"] += 1
+            log.warning("%s failed: %s", action, e)
 
     async def _place(
         self,

@@ -64,8 +64,11 @@ class WorkerClient(ServiceClient):
     async def release(self, rid: str, req: ReleaseRequest) -> None:
         await self._call("POST", f"/v1/parked/{rid}/release", req)
 
-    async def advance(self, req: AdvanceRequest) -> WorkerState:
-        return WorkerState.model_validate(await self._call("POST", "/v1/advance", req))
+    async def advance(self, req: AdvanceRequest, timeout_s: float = 600.0) -> WorkerState:
+        """Fetching and loading a version's weights takes long: its own timeout."""
+        return WorkerState.model_validate(
+            await self._call("POST", "/v1/advance", req, timeout_s=timeout_s)
+        )
 
     async def drain(self) -> list[EvictResponse]:
         return _EVICTED.validate_python(await self._call("POST", "/v1/drain"))

@@ -101,12 +101,17 @@ class ServiceError(Exception):
 
 
 async def call_json(
-    http: httpx.AsyncClient, method: str, path: str, body: BaseModel | None = None
+    http: httpx.AsyncClient,
+    method: str,
+    path: str,
+    body: BaseModel | None = None,
+    timeout_s: float | None = None,
 ) -> Any:
     """Send `body` as JSON; the decoded answer, or `ServiceError` from its `Problem`."""
     content = body.model_dump_json() if body is not None else None
     headers = {"content-type": "application/json"} if body is not None else None
-    response = await http.request(method, path, content=content, headers=headers)
+    timeout = httpx.USE_CLIENT_DEFAULT if timeout_s is None else httpx.Timeout(timeout_s)
+    response = await http.request(method, path, content=content, headers=headers, timeout=timeout)
     if response.is_success:
         return response.json() if response.content else None
     try:
@@ -141,8 +146,10 @@ class ServiceClient:
     async def aclose(self) -> None:
         await self.http.aclose()
 
-    async def _call(self, method: str, path: str, body: BaseModel | None = None) -> Any:
+    async def _call(
+        self, method: str, path: str, body: BaseModel | None = None, timeout_s: float | None = None
+    ) -> Any:
         try:
-            return await call_json(self.http, method, path, body)
+            return await call_json(self.http, method, path, body, timeout_s)
         except ServiceError as e:
             raise self.error(e.status, e.reason, e.message) from None
