@@ -20,11 +20,12 @@ produces is the current attempt's; if the worker refuses it, the sample goes bac
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 import zlib
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,7 +44,7 @@ from cadence.operator.scheduler.snapshot import (
     Snapshot,
     WorkerView,
 )
-from cadence.trainer.api import LedgerView, RecordRequest
+from cadence.trainer.api import LedgerView, Record, RecordRequest
 from cadence.trainer.client import TrainerClient, TrainerError
 from cadence.worker.api import (
     AdvanceRequest,
@@ -56,6 +57,8 @@ from cadence.worker.api import (
 from cadence.worker.client import WorkerClient, WorkerError
 
 log = logging.getLogger("cadence.loop")
+
+PARALLEL_CALLS = 64  # calls to workers in flight at once while a plan is applied
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +73,8 @@ class LoopConfig:
 @dataclass
 class CycleReport:
     cycle_ms: float
+    ledger_ms: float  # reading the trainer's ledger
+    observe_ms: float  # every worker's state, in parallel
     plan_ms: float
     actions: Counter[str]
     errors: int
@@ -127,7 +132,9 @@ class ControlLoop:
     async def cycle(self) -> CycleReport:
         t0 = time.perf_counter()
         view = await self.trainer.ledger()  # first: what it shows in flight, workers confirm
+        t_ledger = time.perf_counter()
         live = await self._observe()
+        t_observe = time.perf_counter()
         requeued = await self._reconcile(view, live)
         if requeued:
             view = await self.trainer.ledger()
@@ -136,18 +143,12 @@ class ControlLoop:
         t1 = time.perf_counter()
         actions, self.state = self.policy.plan(snapshot, self.state)
         plan_ms = (time.perf_counter() - t1) * 1000
-        counts: Counter[str] = Counter()
-        errors = 0
-        pending = {p.id: p for p in snapshot.pending}
-        for action in actions:
-            counts[type(action).__name__.lower()] += 1
-            try:
-                await self._apply(action, view, live, pending)
-            except (WorkerError, TrainerError, OSError) as e:
-                errors += 1
-                log.warning("%s failed: %s", action, e)
+        counts = Counter(type(a).__name__.lower() for a in actions)
+        errors = await self._apply(actions, view, {p.id: p for p in snapshot.pending})
         report = CycleReport(
             cycle_ms=(time.perf_counter() - t0) * 1000,
+            ledger_ms=(t_ledger - t0) * 1000,
+            observe_ms=(t_observe - t_ledger) * 1000,
             plan_ms=plan_ms,
             actions=counts,
             errors=errors,
@@ -261,30 +262,50 @@ class ControlLoop:
     # --- actions -----------------------------------------------------------------------
 
     async def _apply(
-        self,
-        action: Action,
-        view: LedgerView,
-        live: dict[str, WorkerState],
-        pending: dict[str, PendingTrajectory],
-    ) -> None:
+        self, actions: Sequence[Action], view: LedgerView, pending: dict[str, PendingTrajectory]
+    ) -> int:
+        """Apply a plan in phases, each phase's calls concurrently: evictions (so every
+        placement finds the room and the parked state it was planned with), placements,
+        then admission; advances start in the background. Returns how many failed."""
         attempts = {s.id: s.attempt for s in view.in_flight}
-        if isinstance(action, Evict):
-            evicted = await self._clients[action.worker].evict(action.trajectory)
-            record = RecordRequest(
-                attempt=attempts.get(action.trajectory, evicted.attempt),
-                state="parked",
-                worker=action.worker,
+        errors = 0
+        evicts = [a for a in actions if isinstance(a, Evict)]
+        results = await self._gather(self._clients[a.worker].evict(a.trajectory) for a in evicts)
+        parked = []
+        for evict, result in zip(evicts, results, strict=True):
+            if isinstance(result, BaseException):
+                errors += 1
+                log.warning("%s failed: %s", evict, result)
+                continue
+            attempt = attempts.get(evict.trajectory, result.attempt)
+            parked.append(
+                Record(id=evict.trajectory, attempt=attempt, state="parked", worker=evict.worker)
             )
-            await self.trainer.record(action.trajectory, record)
-        elif isinstance(action, Place):
-            await self._place(action, view, pending, attempts)
-        elif isinstance(action, Advance):
-            if action.worker not in self._advancing:
+        await self.trainer.record_many(parked)
+        places = [a for a in actions if isinstance(a, Place)]
+        errors += await self._place(places, view, pending, attempts)
+        for action in actions:
+            if isinstance(action, Advance) and action.worker not in self._advancing:
                 task = asyncio.create_task(self._advance(action))
                 self._advancing[action.worker] = task
-                task.add_done_callback(lambda _: self._advancing.pop(action.worker, None))
-        elif isinstance(action, Admit):
-            await self.trainer.admit(action.groups)
+                task.add_done_callback(functools.partial(self._advanced, action.worker))
+        groups = sum(a.groups for a in actions if isinstance(a, Admit))
+        if groups:
+            await self.trainer.admit(groups)
+        return errors
+
+    async def _gather(self, calls: Iterable[Awaitable[Any]]) -> list[Any]:
+        """Run calls concurrently, at most PARALLEL_CALLS at a time; exceptions returned."""
+        limit = asyncio.Semaphore(PARALLEL_CALLS)
+
+        async def bounded(call: Awaitable[Any]) -> Any:
+            async with limit:
+                return await call
+
+        return await asyncio.gather(*(bounded(c) for c in calls), return_exceptions=True)
+
+    def _advanced(self, worker: str, _: asyncio.Task[None]) -> None:
+        self._advancing.pop(worker, None)
 
     async def _advance(self, action: Advance) -> None:
         try:
@@ -301,44 +322,59 @@ class ControlLoop:
 
     async def _place(
         self,
-        action: Place,
+        places: Sequence[Place],
         view: LedgerView,
         pending: dict[str, PendingTrajectory],
         attempts: dict[str, int],
-    ) -> None:
-        sid, wid = action.trajectory, action.worker
-        fresh = next((f for f in view.fresh if f.id == sid), None)
-        if fresh is not None:
-            attempt = fresh.attempt
-            start = FreshStart(
-                prompt_token_ids=view.prompts[fresh.group],
-                sampling=Sampling(temperature=view.temperature, seed=_seed(sid, attempt)),
-                max_tokens=view.max_tokens,
-                max_tool_calls=self.config.max_tool_calls,
+    ) -> int:
+        """Record every placement under its attempt (one call), make them concurrently,
+        and put back what a worker refused: fresh samples to the fresh pool (next
+        attempt), departed ones to the worker they are parked on."""
+        fresh = {f.id: f for f in view.fresh}
+        requests, records = [], []
+        for a in places:
+            f = fresh.get(a.trajectory)
+            if f is not None:
+                start = FreshStart(
+                    prompt_token_ids=view.prompts[f.group],
+                    sampling=Sampling(temperature=view.temperature, seed=_seed(f.id, f.attempt)),
+                    max_tokens=view.max_tokens,
+                    max_tool_calls=self.config.max_tool_calls,
+                )
+                req = PlaceRequest(id=f.id, attempt=f.attempt, version=a.version, fresh=start)
+            else:
+                source = pending[a.trajectory].parked_on
+                assert source is not None
+                origin = Source(worker_id=source, url=self.workers[source])
+                attempt = attempts.get(a.trajectory, 0) + 1
+                req = PlaceRequest(
+                    id=a.trajectory, attempt=attempt, version=a.version, source=origin
+                )
+            requests.append(req)
+            version = a.version if f is not None else None
+            records.append(
+                Record(
+                    id=req.id, attempt=req.attempt, state="placed", worker=a.worker, version=version
+                )
             )
-            request = PlaceRequest(id=sid, attempt=attempt, version=action.version, fresh=start)
-            placed = RecordRequest(
-                attempt=attempt, state="placed", worker=wid, version=action.version
-            )
-            await self.trainer.record(sid, placed)
-            try:
-                await self._clients[wid].place(request)
-            except WorkerError:
-                await self.trainer.requeue(sid)  # back to the fresh pool, next attempt
-                raise
-            return
-        parked = pending[sid]
-        assert parked.parked_on is not None
-        attempt = attempts.get(sid, 0) + 1
-        source = Source(worker_id=parked.parked_on, url=self.workers[parked.parked_on])
-        request = PlaceRequest(id=sid, attempt=attempt, version=action.version, source=source)
-        await self.trainer.record(sid, RecordRequest(attempt=attempt, state="placed", worker=wid))
-        try:
-            await self._clients[wid].place(request)
-        except WorkerError:
-            back = RecordRequest(attempt=attempt, state="parked", worker=parked.parked_on)
-            await self.trainer.record(sid, back)
-            raise
+        await self.trainer.record_many(records)
+        results = await self._gather(
+            self._clients[a.worker].place(r) for a, r in zip(places, requests, strict=True)
+        )
+        errors, back = 0, []
+        for r, result in zip(requests, results, strict=True):
+            if not isinstance(result, BaseException):
+                continue
+            errors += 1
+            log.warning("placing %s failed: %s", r.id, result)
+            if r.fresh is not None:
+                await self.trainer.requeue(r.id)
+            elif r.source is not None:
+                back.append(
+                    Record(id=r.id, attempt=r.attempt, state="parked", worker=r.source.worker_id)
+                )
+        await self.trainer.record_many(back)
+        return errors
 
 
 def _seed(sid: str, attempt: int) -> int:

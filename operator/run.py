@@ -165,6 +165,9 @@ def _measures(
         "requeued": sum(r.requeued for r in loop.reports),
         "cycle_ms_p50": round(statistics.median(cycles), 2) if cycles else 0.0,
         "cycle_ms_p95": round(_percentile(cycles, 0.95), 2),
+        "cycle_ledger_ms_p95": round(_percentile([r.ledger_ms for r in loop.reports], 0.95), 2),
+        "cycle_observe_ms_p95": round(_percentile([r.observe_ms for r in loop.reports], 0.95), 2),
+        "cycle_plan_ms_p95": round(_percentile([r.plan_ms for r in loop.reports], 0.95), 2),
         "reward_by_version": [round(rewards[v], 4) for v in sorted(rewards)],
     }
 

@@ -69,6 +69,16 @@ class RecordRequest(_Body):
     version: int | None = Field(default=None, ge=0)
 
 
+class Record(RecordRequest):
+    id: str = Field(min_length=1)
+
+
+class RecordMany(_Body):
+    """POST /v1/samples/record: where many samples are now, in one transaction."""
+
+    records: list[Record] = Field(max_length=100_000)
+
+
 class RequeueResponse(_Body):
     attempt: int
 

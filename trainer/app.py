@@ -28,6 +28,7 @@ from cadence.trainer.api import (
     IngestResponse,
     LedgerView,
     PublishRequest,
+    RecordMany,
     RecordRequest,
     RequeueResponse,
     RunStats,
@@ -135,6 +136,12 @@ def create_app(trainer: Trainer, token: str, *, train: bool = True) -> FastAPI:
             except LedgerError as e:
                 raise web.Refusal(404, "unknown", str(e)) from None
         return {"recorded": taken}
+
+    @app.post("/v1/samples/record", dependencies=guarded)
+    async def record_many(body: RecordMany) -> dict[str, int]:
+        rows = [(r.id, r.attempt, r.state, r.worker, r.version) for r in body.records]
+        with trainer.lock:
+            return {"recorded": trainer.ledger.record_many(rows)}
 
     @app.post("/v1/samples/{sid}/requeue", dependencies=guarded)
     async def requeue(sid: str) -> RequeueResponse:

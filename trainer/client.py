@@ -23,6 +23,8 @@ from cadence.trainer.api import (
     Batch,
     LedgerView,
     PublishRequest,
+    Record,
+    RecordMany,
     RecordRequest,
     RequeueResponse,
     RunStats,
@@ -59,6 +61,12 @@ class TrainerClient(ServiceClient):
 
     async def record(self, sid: str, req: RecordRequest) -> bool:
         return bool((await self._call("POST", f"/v1/samples/{sid}/record", req))["recorded"])
+
+    async def record_many(self, records: Sequence[Record]) -> int:
+        if not records:
+            return 0
+        body = RecordMany(records=list(records))
+        return int((await self._call("POST", "/v1/samples/record", body))["recorded"])
 
     async def requeue(self, sid: str) -> int:
         data = await self._call("POST", f"/v1/samples/{sid}/requeue")

@@ -225,16 +225,27 @@ class Ledger:
         attempt replaces the current one (the control loop records a placement before
         it makes it, so a delivery from that attempt is never refused as stale); an older
         attempt's news, or news about a finished sample, is ignored: False."""
-        if state not in IN_FLIGHT:
-            raise LedgerError(f"record() takes an in-flight state, not {state!r}")
+        return self.record_many([(sid, attempt, state, worker, version)]) == 1
+
+    def record_many(
+        self, records: Sequence[tuple[str, int, SampleState, str | None, int | None]]
+    ) -> int:
+        """`record` for many samples (id, attempt, state, worker, version) in one
+        transaction; returns how many were taken."""
+        for r in records:
+            if r[2] not in IN_FLIGHT:
+                raise LedgerError(f"record() takes an in-flight state, not {r[2]!r}")
+        taken = 0
         with self._tx():
-            cur = self.db.execute(
-                "UPDATE samples SET state = ?, worker = ?, version = COALESCE(version, ?), "
-                "attempt = ? WHERE id = ? AND attempt <= ? AND state IN ('fresh', 'placed', "
-                "'parked', 'environment')",
-                (state, worker, version, attempt, sid, attempt),
-            )
-        return cur.rowcount == 1
+            for sid, attempt, state, worker, version in records:
+                cur = self.db.execute(
+                    "UPDATE samples SET state = ?, worker = ?, version = COALESCE(version, ?), "
+                    "attempt = ? WHERE id = ? AND attempt <= ? AND state IN ('fresh', 'placed', "
+                    "'parked', 'environment')",
+                    (state, worker, version, attempt, sid, attempt),
+                )
+                taken += cur.rowcount
+        return taken
 
     def requeue(self, sid: str) -> int:
         """Back to fresh and unbound under the next attempt (its partial output is gone);
