@@ -55,6 +55,7 @@ from cadence.worker.api import (
     WorkerState,
 )
 from cadence.worker.client import WorkerClient, WorkerError
+from cadence.worker.host import HostStates
 
 log = logging.getLogger("cadence.loop")
 
@@ -89,6 +90,8 @@ class ControlLoop:
     trainer: TrainerClient
     workers: Mapping[str, str]  # worker id -> URL
     token: str
+    # Host URL -> the workers it hosts (`worker/host.py`): observed with one call each.
+    hosts: Mapping[str, Sequence[str]] = field(default_factory=dict)
     clock: Callable[[], float] = time.monotonic
     state: Any = None
     reports: list[CycleReport] = field(default_factory=list)
@@ -108,6 +111,14 @@ class ControlLoop:
             self._clients[wid] = WorkerClient(
                 url, self.token, timeout_s=self.config.state_timeout_s
             )
+        self._host_http = {
+            url: httpx.AsyncClient(
+                base_url=url,
+                headers={"Authorization": f"Bearer {self.token}"},
+                timeout=self.config.state_timeout_s,
+            )
+            for url in self.hosts
+        }
 
     async def aclose(self) -> None:
         for task in self._advancing.values():
@@ -115,6 +126,8 @@ class ControlLoop:
         await asyncio.gather(*self._advancing.values(), return_exceptions=True)
         for c in self._clients.values():
             await c.aclose()
+        for h in self._host_http.values():
+            await h.aclose()
 
     async def run(self, done: Callable[[], Awaitable[bool]]) -> None:
         """Cycle every `period_s` until `done()`. A cycle that cannot reach the trainer
@@ -169,12 +182,22 @@ class ControlLoop:
 
     async def _observe(self) -> dict[str, WorkerState]:
         ids = [w for w in self._clients if w not in self._lost and w not in self._advancing]
+        hosted = {w: url for url, ws in self.hosts.items() for w in ws}
+        alone = [w for w in ids if w not in hosted]
+        wanted = sorted({hosted[w] for w in ids if w in hosted})
         results = await asyncio.gather(
-            *(self._clients[w].state() for w in ids), return_exceptions=True
+            *(self._clients[w].state() for w in alone),
+            *(self._host_states(url) for url in wanted),
+            return_exceptions=True,
         )
+        answers: dict[str, object] = dict(zip(alone, results, strict=False))
+        for url, result in zip(wanted, results[len(alone) :], strict=True):
+            for w in self.hosts[url]:
+                answers[w] = result.get(w) if isinstance(result, dict) else result
         live = {}
         now = self.clock()
-        for wid, result in zip(ids, results, strict=True):
+        for wid in ids:
+            result = answers.get(wid)
             if isinstance(result, WorkerState):
                 live[wid] = result
                 self._silent_since.pop(wid, None)
@@ -184,6 +207,11 @@ class ControlLoop:
                 log.warning("worker %s is lost: silent for %.1f s", wid, now - since)
                 self._lost.add(wid)
         return live
+
+    async def _host_states(self, url: str) -> dict[str, WorkerState]:
+        response = await self._host_http[url].get("/v1/states")
+        response.raise_for_status()
+        return HostStates.model_validate_json(response.content).states
 
     async def _reconcile(self, view: LedgerView, live: dict[str, WorkerState]) -> int:
         held: dict[str, tuple[str, str, int]] = {}  # id -> (worker, state, attempt)

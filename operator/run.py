@@ -113,6 +113,7 @@ async def run(
                 client,
                 urls,
                 token,
+                hosts={hosts_up[h]: [w.id for w in ws] for h, ws in per_host.items()},
             )
 
             async def done() -> bool:
