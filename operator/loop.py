@@ -44,7 +44,7 @@ from cadence.operator.scheduler.snapshot import (
     Snapshot,
     WorkerView,
 )
-from cadence.trainer.api import LedgerView, Record, RecordRequest
+from cadence.trainer.api import LedgerView, Record
 from cadence.trainer.client import TrainerClient, TrainerError
 from cadence.worker.api import (
     AdvanceRequest,
@@ -227,13 +227,13 @@ class ControlLoop:
             for d in st.delivering:
                 held[d] = (wid, "delivering", -1)
         requeued = 0
+        moved = []
         for s in view.in_flight:
             where = held.get(s.id)
             if where is not None:
                 wid, state, _ = where
                 if state != "delivering" and (wid, state) != (s.worker, s.state):
-                    record = RecordRequest(attempt=s.attempt, state=state, worker=wid)  # type: ignore[arg-type]
-                    await self.trainer.record(s.id, record)
+                    moved.append(Record(id=s.id, attempt=s.attempt, state=state, worker=wid))  # type: ignore[arg-type]
                 continue
             if s.worker is not None and s.worker not in live and s.worker not in self._lost:
                 continue  # its worker is silent but not lost yet: wait
@@ -243,6 +243,7 @@ class ControlLoop:
             except TrainerError as e:
                 if e.status != 409:  # 409: it was delivered meanwhile
                     raise
+        await self.trainer.record_many(moved)
         return requeued
 
     def _snapshot(self, view: LedgerView, live: dict[str, WorkerState], now: float) -> Snapshot:

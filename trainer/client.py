@@ -15,8 +15,6 @@ import hashlib
 from collections.abc import Sequence
 from pathlib import Path
 
-import httpx
-
 from cadence.trainer.api import (
     AdmitRequest,
     AdmitResponse,
@@ -41,16 +39,7 @@ class TrainerError(ServiceError):
 
 class TrainerClient(ServiceClient):
     error = TrainerError
-
-    def __init__(
-        self,
-        url: str,
-        token: str,
-        *,
-        timeout_s: float = 10.0,
-        transport: httpx.AsyncBaseTransport | None = None,
-    ) -> None:
-        super().__init__(url, token, timeout_s=timeout_s, transport=transport)
+    default_timeout_s = 10.0
 
     async def ledger(self) -> LedgerView:
         return LedgerView.model_validate(await self._call("GET", "/v1/ledger"))

@@ -34,16 +34,7 @@ class WorkerError(ServiceError):
 
 class WorkerClient(ServiceClient):
     error = WorkerError
-
-    def __init__(
-        self,
-        url: str,
-        token: str,
-        *,
-        timeout_s: float = 5.0,
-        transport: httpx.AsyncBaseTransport | None = None,
-    ) -> None:
-        super().__init__(url, token, timeout_s=timeout_s, transport=transport)
+    default_timeout_s = 5.0
 
     async def state(self) -> WorkerState:
         return WorkerState.model_validate(await self._call("GET", "/v1/state"))

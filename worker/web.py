@@ -123,23 +123,24 @@ async def call_json(
 
 class ServiceClient:
     """An async JSON client for one Cadence service, with the pool's bearer token;
-    subclasses name the error their callers catch."""
+    subclasses name the error their callers catch and their default timeout."""
 
     error: type[ServiceError] = ServiceError
+    default_timeout_s: float = 5.0
 
     def __init__(
         self,
         url: str,
         token: str,
         *,
-        timeout_s: float = 5.0,
+        timeout_s: float | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         self.url = url.rstrip("/")
         self.http = httpx.AsyncClient(
             base_url=self.url,
             headers={"Authorization": f"Bearer {token}"},
-            timeout=timeout_s,
+            timeout=self.default_timeout_s if timeout_s is None else timeout_s,
             transport=transport,
         )
 
