@@ -89,3 +89,28 @@ def test_plan_replays_figure_8(capsys: pytest.CaptureFixture[str]) -> None:
     assert places == {"t7": "w1", "t2": "w2"}
     assert evicts == ["t1"]
     assert result["state"] == {"sources": {}}
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (
+            ["trainer", "--model-path", "/nonexistent", "--state-dir", "s"],
+            "holds no Hugging Face model",
+        ),
+        (["worker", "--hosted", "Bad_Id:H800:1"], "is not ID:ACCELERATOR:AFFINITY"),
+        (["worker", "--hosted", "w0:TPU9:1"], "unknown accelerator 'TPU9'"),
+        (["run", "/nonexistent.yaml"], "cannot read /nonexistent.yaml"),
+    ],
+)
+def test_service_commands_refuse_bad_settings_in_one_sentence(
+    argv: list[str],
+    message: str,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("CADENCE_TOKEN", "t")
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("cadence: error: ") and err.count("\n") == 1
+    assert message in err

@@ -83,3 +83,29 @@ def test_version_zero_is_published_with_its_checksum(trainer: Trainer) -> None:
     assert info["version"] == 0 and len(info["sha256"]) == 64
     weights = _call(trainer, "GET", info["weights_path"], headers=AUTH)
     assert weights.status_code == 200 and len(weights.content) > 1000
+
+
+def test_publishing_and_prompts_are_refused_outside_external_mode_or_with_a_bad_sha(
+    trainer: Trainer, model: Path, tmp_path: Path
+) -> None:
+    body = {"version": 1, "weights_uri": str(model / "model.safetensors"), "sha256": "0" * 64}
+    r = _call(trainer, "POST", "/v1/publish", json=body, headers=AUTH)
+    assert r.status_code == 409 and r.json()["reason"] == "not_external"
+    r = _call(trainer, "POST", "/v1/prompts", json={"prompts": [{"text": "hi"}]}, headers=AUTH)
+    assert r.status_code == 409 and r.json()["reason"] == "not_external"
+
+    external = Trainer(
+        trainer.config.model_copy(update={"task": "external", "state_dir": tmp_path / "ext"})
+    )
+    r = _call(
+        external,
+        "POST",
+        "/v1/prompts",
+        json={"prompts": [{"text": "hi", "prompt_token_ids": [1]}]},
+        headers=AUTH,
+    )
+    assert r.status_code == 422  # exactly one of text and token ids
+    r = _call(external, "POST", "/v1/publish", json=body, headers=AUTH)
+    assert r.status_code == 409 and "sha256" in r.json()["error"]  # and nothing published
+    assert external.ledger.version == 0 and not external.store.has(1)
+    external.ledger.close()
