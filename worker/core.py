@@ -106,12 +106,16 @@ class Held:
             tail = turn.token_ids + tail
         return tail if limit is None else tail[-limit:]
 
+    def timings_at(self, now: float | None) -> Timings:
+        """Its timings, with the time parked here so far counted as pending."""
+        if now is None or self.parked_since is None:
+            return self.timings
+        pending = self.timings.pending_s + now - self.parked_since
+        return self.timings.model_copy(update={"pending_s": pending})
+
     def to_state(self, now: float | None = None) -> TrajectoryState:
         """The state to hand over; time parked here so far counts as pending."""
-        timings = self.timings
-        if now is not None and self.parked_since is not None:
-            pending = timings.pending_s + now - self.parked_since
-            timings = timings.model_copy(update={"pending_s": pending})
+        timings = self.timings_at(now)
         return TrajectoryState(
             id=self.id,
             attempt=self.attempt,
@@ -334,7 +338,7 @@ class WorkerCore:
         held.scanned = 0
         held.lease = None
         if held.parked_since is not None:
-            held.timings = held.to_state(self.clock.now()).timings
+            held.timings = held.timings_at(self.clock.now())
             held.parked_since = None
         self.resident[held.id] = held
         self.counts["placements"] += 1
