@@ -35,6 +35,7 @@ from cadence.operator.scheduler import (
     Snapshot,
     WorkerView,
 )
+from cadence.sim.stats import percentile
 
 # KV tokens per worker: Qwen3-8B (16.4 GB of weights, 147,456 KV bytes per token) on an
 # 80 GB accelerator, less a reserve: about 400K tokens. The paper's max_model_len is 64K.
@@ -148,11 +149,6 @@ def _pool(phase: str, workers: int, trajectories: int, pending: int, seed: int) 
     return pool
 
 
-def _percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
 def run_phase(
     phase: str, workers: int, trajectories: int, pending: int, *, cycles: int, warmup: int
 ) -> dict[str, object]:
@@ -193,7 +189,7 @@ def run_phase(
         "cycles": cycles,
         "actions_per_cycle": round(actions / cycles, 1),
         "cycle_ms_p50": round(statistics.median(plan_ms), 3),
-        "cycle_ms_p99": round(_percentile(plan_ms, 0.99), 3),
+        "cycle_ms_p99": round(percentile(plan_ms, 0.99), 3),
         "build_ms_p50": round(statistics.median(build_ms), 3),
         "idle_gc_ms_p50": round(statistics.median(gc_ms), 3),
     }

@@ -44,6 +44,10 @@ class UsageError(Exception):
     """Bad input from the user: the message is the one sentence they will read."""
 
 
+class RunFailed(Exception):
+    """A run that could not go on (a child process that would not start): exit 1."""
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         raise UsageError(f"{message} (see '{self.prog} --help')")
@@ -353,6 +357,12 @@ def _cmd_trainer(args: argparse.Namespace) -> int:
 
     try:
         token = read_token(args.token_file)
+        if args.config is not None:
+            config = _trainer_config(args.config)
+            serve(config, token, host=args.host, port=args.port)
+            return 0
+        if args.model_path is None or args.state_dir is None:
+            raise UsageError("give --model-path and --state-dir, or --config")
         if not (args.model_path / "config.json").is_file():
             raise UsageError(f"{args.model_path} holds no Hugging Face model (no config.json)")
         config = TrainerConfig(
@@ -377,6 +387,24 @@ def _cmd_trainer(args: argparse.Namespace) -> int:
     return 0
 
 
+def _trainer_config(path: Path) -> Any:
+    from pydantic import ValidationError  # noqa: PLC0415
+
+    from cadence.trainer.trainer import TrainerConfig  # noqa: PLC0415
+
+    try:
+        config = TrainerConfig.model_validate_json(path.read_bytes())
+    except OSError as e:
+        raise UsageError(f"cannot read {path}: {e.strerror}") from None
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "the file"
+        raise UsageError(f"{path}: {where}: {first['msg']}") from None
+    if not (config.model_path / "config.json").is_file():
+        raise UsageError(f"{config.model_path} holds no Hugging Face model (no config.json)")
+    return config
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
     from cadence.operator.resources import ResourceError, load  # noqa: PLC0415
 
@@ -388,28 +416,52 @@ def _cmd_run(args: argparse.Namespace) -> int:
         raise UsageError(
             "cadence run trains a built-in task; dataset.task external needs a trainer"
         )
-    if args.policy is not None and args.policy not in POLICIES:
-        raise UsageError(f"unknown policy {args.policy!r}; known: {', '.join(POLICIES)}")
+    if args.policy is not None and args.compare is not None:
+        raise UsageError("give --policy or --compare, not both")
+    policies = [args.policy] if args.compare is None else args.compare.split(",")
+    for name in policies:
+        if name is not None and name not in POLICIES:
+            raise UsageError(f"unknown policy {name!r}; known: {', '.join(POLICIES)}")
     if args.compression <= 0:
         raise UsageError("--compression must be positive")
-    # Imported here: torch takes seconds to import, and most subcommands never need it.
+    if args.chaos is not None and args.chaos <= 0:
+        raise UsageError("--chaos takes the seconds between faults, a positive number")
+    # Imported here: torch and matplotlib take seconds to import.
+    from rich.live import Live  # noqa: PLC0415
+
+    from cadence.operator import live, report  # noqa: PLC0415
     from cadence.operator import run as local  # noqa: PLC0415
 
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="cadence-run-"))
-    result = asyncio.run(
-        local.run(
-            pool,
-            training,
-            workdir,
-            policy=args.policy,
+    console = Console(stderr=True)
+    show = args.live if args.live is not None else console.is_terminal
+    results = []
+    for name in policies:
+        options = local.RunOptions(
+            policy=name,
             hosts=args.hosts,
             compression=args.compression,
+            engine=args.engine,
+            chaos_every_s=args.chaos or 0.0,
+            seed=args.seed,
         )
-    )
-    result["workdir"] = str(workdir)
+        folder = workdir if len(policies) == 1 else workdir / str(name)
+        view = Live(console=console, refresh_per_second=4, transient=True) if show else None
+        shown = None if view is None else (lambda p, v=view: v.update(live.render(p)))
+        with view or contextlib.nullcontext():
+            try:
+                result = asyncio.run(local.run(pool, training, folder, options, shown))
+            except RuntimeError as e:
+                raise RunFailed(str(e)) from None
+        result.measures["workdir"] = str(folder)
+        results.append(result)
+    page = report.write(workdir, results)
+    Console(stderr=True).print(report.table(results))
+    console.print(f"report: {page}")
+    document = results[0].measures if len(results) == 1 else {"runs": [r.measures for r in results]}
     if args.json is not None:
-        local.write(result, args.json)
-    print(json.dumps(result), flush=True)
+        args.json.write_text(json.dumps(document, indent=2) + "\n")
+    print(json.dumps(document), flush=True)
     return 0
 
 
@@ -576,8 +628,31 @@ def build_parser() -> argparse.ArgumentParser:
     rn.add_argument("file", type=Path, help="YAML with a RolloutPool and a TrainingRun")
     rn.add_argument("--json", type=Path, help="also write the measures here")
     rn.add_argument("--policy", help="override the run's scheduler policy")
+    rn.add_argument(
+        "--compare",
+        metavar="A,B,...",
+        help="run the same file under each policy in turn and print them side by side",
+    )
     rn.add_argument("--hosts", type=_at_least(1), default=2, help="worker host processes")
     rn.add_argument("--compression", type=float, default=1.0, help="time compression factor")
+    rn.add_argument(
+        "--engine",
+        choices=["emulated", "vllm"],
+        default="emulated",
+        help="emulated accelerators (default) or vLLM on the CPU (at most 3 workers here)",
+    )
+    rn.add_argument(
+        "--chaos",
+        type=float,
+        metavar="SECONDS",
+        help="kill a random worker process every SECONDS and start a replacement",
+    )
+    rn.add_argument("--seed", type=int, default=0, help="seeds the trainer and --chaos")
+    rn.add_argument(
+        "--live",
+        action=argparse.BooleanOptionalAction,
+        help="show the live view (default: when stderr is a terminal)",
+    )
     rn.add_argument("--workdir", type=Path, help="keep the run's files here (default: temp)")
     rn.set_defaults(run=_cmd_run)
 
@@ -589,8 +664,13 @@ def build_parser() -> argparse.ArgumentParser:
         "batch into the next version. State lives in --state-dir; a restart resumes it. "
         "The bearer token comes from --token-file or CADENCE_TOKEN.",
     )
-    t.add_argument("--model-path", type=Path, required=True, help="local Hugging Face causal LM")
-    t.add_argument("--state-dir", type=Path, required=True, help="ledger, weights, optimizer")
+    t.add_argument("--model-path", type=Path, help="local Hugging Face causal LM")
+    t.add_argument("--state-dir", type=Path, help="ledger, weights, optimizer")
+    t.add_argument(
+        "--config",
+        type=Path,
+        help="a TrainerConfig as JSON (every field; the options below are then ignored)",
+    )
     t.add_argument("--task", choices=["digits", "arithmetic"], default="digits")
     t.add_argument("--group-size", type=int, default=8, help="samples per prompt")
     t.add_argument("--batch-groups", type=int, default=8, help="prompt groups per batch (B)")
@@ -695,7 +775,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ConfigError, StallError) as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2
+    except RunFailed as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr)
         return 130
     return code
 

@@ -1,6 +1,6 @@
 """A pool on one machine: worker processes and the trainer service, started and stopped
-together. `cadence bench learn` and the tests run the whole system this way; `cadence
-run` will too. Each worker is a `cadence worker` process, as each pod runs it.
+together. `cadence bench learn`, `cadence run` and the tests run the whole system this
+way. Each worker is a `cadence worker` process, as each pod runs it.
 """
 
 from __future__ import annotations
@@ -93,6 +93,76 @@ def worker_processes(
                 p.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 p.kill()
+
+
+class Children:
+    """Named `cadence` child processes, each on a free port with its log in `logs/`;
+    an async context that stops every one on the way out, however it is left (an error,
+    Ctrl-C): SIGTERM, which drains a worker, then SIGKILL after `grace_s`."""
+
+    def __init__(self, logs: Path, env: dict[str, str], grace_s: float = 10.0) -> None:
+        self.logs = logs
+        self.env = {**os.environ, **env}
+        self.grace_s = grace_s
+        self.processes: dict[str, subprocess.Popen[bytes]] = {}
+        self.urls: dict[str, str] = {}
+
+    async def __aenter__(self) -> Children:
+        self.logs.mkdir(parents=True, exist_ok=True)
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await asyncio.shield(asyncio.to_thread(self.stop))
+
+    def start(self, name: str, args: Sequence[str]) -> str:
+        """Start `cadence ARGS --port P`; returns its URL (not yet healthy)."""
+        port = free_port()
+        out = (self.logs / f"{name}.log").open("ab")
+        self.processes[name] = subprocess.Popen(
+            [*CADENCE, *args, "--port", str(port)],
+            env=self.env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # Ctrl-C reaches this process only; it stops them
+        )
+        out.close()
+        self.urls[name] = f"http://127.0.0.1:{port}"
+        return self.urls[name]
+
+    async def healthy(self, name: str, within_s: float) -> None:
+        """Wait until `name` answers /healthz; fail if it exits or time runs out."""
+        deadline = time.monotonic() + within_s
+        async with httpx.AsyncClient(timeout=2.0) as http:
+            while True:
+                with contextlib.suppress(httpx.TransportError):
+                    if (await http.get(f"{self.urls[name]}/healthz")).status_code == 200:
+                        return
+                code = self.processes[name].poll()
+                if code is not None:
+                    log = self.logs / f"{name}.log"
+                    raise RuntimeError(
+                        f"{name} exited with status {code} while starting; see {log}"
+                    )
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"{name} did not become healthy within {within_s:.0f} s")
+                await asyncio.sleep(0.2)
+
+    def kill(self, name: str) -> None:
+        """SIGKILL, as a lost node: nothing is drained or handed back."""
+        self.processes[name].kill()
+        self.processes[name].wait()
+
+    def stop(self) -> None:
+        for p in self.processes.values():
+            if p.poll() is None:
+                p.terminate()
+        deadline = time.monotonic() + self.grace_s
+        for p in self.processes.values():
+            try:
+                p.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
 
 
 @contextlib.asynccontextmanager

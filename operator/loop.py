@@ -1,12 +1,12 @@
 """The control loop: the I/O shell around the pure scheduler (DESIGN.md, "Boundaries").
 
-Every period it reads the trainer's ledger, observes every worker (`GET /v1/state` in
-parallel, with a timeout), reconciles the two, builds the scheduler's snapshot, calls the
-policy, and applies its actions through the endpoints: evict, place (fresh, with the
-group's prompt; departed, naming the worker it is parked on), advance (with the trainer's
-weights URI and sha256), admit (the trainer's cursor). It holds ids and lengths only,
-and nothing it holds is needed across a restart: a new loop rebuilds its view from the
-workers and the ledger.
+Every period it reads the trainer's ledger and observes every worker (`GET /v1/state`,
+or a host's `GET /v1/states`, all concurrently, with a timeout), reconciles the two,
+builds the scheduler's snapshot, calls the policy, and applies its actions through the
+endpoints: evict, place (fresh, with the group's prompt; departed, naming the worker it
+is parked on), advance (with the trainer's weights URI and sha256), admit (the trainer's
+cursor). It holds ids and lengths only, and nothing it holds is needed across a restart:
+a new loop rebuilds its view from the workers and the ledger.
 
 Reconciling: the ledger is told where each in-flight sample is (placed, parked, waiting
 for its environment). A sample the ledger shows in flight that no live worker holds
@@ -27,7 +27,7 @@ import zlib
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -44,7 +44,7 @@ from cadence.operator.scheduler.snapshot import (
     Snapshot,
     WorkerView,
 )
-from cadence.trainer.api import LedgerView, Record
+from cadence.trainer.api import LedgerView, Record, VersionInfo
 from cadence.trainer.client import TrainerClient, TrainerError
 from cadence.worker.api import (
     AdvanceRequest,
@@ -54,10 +54,12 @@ from cadence.worker.api import (
     Source,
     WorkerState,
 )
-from cadence.worker.client import WorkerClient, WorkerError
-from cadence.worker.host import HostStates
+from cadence.worker.client import HostClient, WorkerClient, WorkerError
 
 log = logging.getLogger("cadence.loop")
+
+T = TypeVar("T")
+R = TypeVar("R")
 
 PARALLEL_CALLS = 64  # calls to workers in flight at once while a plan is applied
 
@@ -77,6 +79,7 @@ class CycleReport:
     ledger_ms: float  # reading the trainer's ledger
     observe_ms: float  # every worker's state, in parallel
     plan_ms: float
+    apply_ms: float  # every action's call, in phases
     actions: Counter[str]
     errors: int
     requeued: int
@@ -88,11 +91,14 @@ class ControlLoop:
     policy: Policy[Any]
     config: LoopConfig
     trainer: TrainerClient
-    workers: Mapping[str, str]  # worker id -> URL
+    workers: dict[str, str]  # worker id -> URL (copied: workers join as the pool changes)
     token: str
-    # Host URL -> the workers it hosts (`worker/host.py`): observed with one call each.
+    # Host URL -> the workers it hosts (`worker/host.py`): observed, evicted from and
+    # placed on with one call per host and phase.
     hosts: Mapping[str, Sequence[str]] = field(default_factory=dict)
     clock: Callable[[], float] = time.monotonic
+    # Called with every cycle's observed states (a live view, a report's timeline).
+    on_observe: Callable[[Mapping[str, WorkerState]], None] | None = None
     state: Any = None
     reports: list[CycleReport] = field(default_factory=list)
     _clients: dict[str, WorkerClient] = field(default_factory=dict)
@@ -103,22 +109,39 @@ class ControlLoop:
     # Advances in flight (fetching and loading weights takes long): the worker is left
     # out of observation and planning until its advance ends, so cycles stay short.
     _advancing: dict[str, asyncio.Task[None]] = field(default_factory=dict)
+    _versions: dict[int, VersionInfo] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.state is None:
             self.state = self.policy.initial_state()
+        self.workers = dict(self.workers)
+        self._hosts: dict[str, HostClient] = {}
+        self._host_of: dict[str, str] = {}
+        for url, ws in self.hosts.items():
+            self._add_host(url, ws)
         for wid, url in self.workers.items():
             self._clients[wid] = WorkerClient(
                 url, self.token, timeout_s=self.config.state_timeout_s
             )
-        self._host_http = {
-            url: httpx.AsyncClient(
-                base_url=url,
-                headers={"Authorization": f"Bearer {self.token}"},
-                timeout=self.config.state_timeout_s,
+
+    def _add_host(self, url: str, ids: Sequence[str]) -> None:
+        self._hosts[url] = HostClient(url, self.token, timeout_s=self.config.state_timeout_s)
+        self._host_of.update(dict.fromkeys(ids, url))
+
+    def add_workers(self, urls: Mapping[str, str], host: str | None = None) -> None:
+        """Workers that joined the pool (a replacement, a scale-out), from the next
+        cycle on; `host` is the URL of the host process they share, if they do."""
+        if host is not None:
+            self._add_host(host, list(urls))
+        for wid, url in urls.items():
+            self.workers[wid] = url
+            self._clients[wid] = WorkerClient(
+                url, self.token, timeout_s=self.config.state_timeout_s
             )
-            for url in self.hosts
-        }
+
+    @property
+    def lost(self) -> frozenset[str]:
+        return frozenset(self._lost)
 
     async def aclose(self) -> None:
         for task in self._advancing.values():
@@ -126,7 +149,7 @@ class ControlLoop:
         await asyncio.gather(*self._advancing.values(), return_exceptions=True)
         for c in self._clients.values():
             await c.aclose()
-        for h in self._host_http.values():
+        for h in self._hosts.values():
             await h.aclose()
 
     async def run(self, done: Callable[[], Awaitable[bool]]) -> None:
@@ -144,10 +167,14 @@ class ControlLoop:
 
     async def cycle(self) -> CycleReport:
         t0 = time.perf_counter()
-        view = await self.trainer.ledger()  # first: what it shows in flight, workers confirm
-        t_ledger = time.perf_counter()
-        live = await self._observe()
-        t_observe = time.perf_counter()
+        # The ledger and the workers are read at once. A sample delivered between the two
+        # reads shows in flight in one and held nowhere in the other; re-queueing it is
+        # refused (409) because it was delivered, so the race loses nothing.
+        (view, ledger_ms), (live, observe_ms) = await asyncio.gather(
+            _timed(self.trainer.ledger()), _timed(self._observe())
+        )
+        if self.on_observe is not None:
+            self.on_observe(live)
         requeued = await self._reconcile(view, live)
         if requeued:
             view = await self.trainer.ledger()
@@ -157,12 +184,14 @@ class ControlLoop:
         actions, self.state = self.policy.plan(snapshot, self.state)
         plan_ms = (time.perf_counter() - t1) * 1000
         counts = Counter(type(a).__name__.lower() for a in actions)
+        t2 = time.perf_counter()
         errors = await self._apply(actions, view, {p.id: p for p in snapshot.pending})
         report = CycleReport(
             cycle_ms=(time.perf_counter() - t0) * 1000,
-            ledger_ms=(t_ledger - t0) * 1000,
-            observe_ms=(t_observe - t_ledger) * 1000,
+            ledger_ms=ledger_ms,
+            observe_ms=observe_ms,
             plan_ms=plan_ms,
+            apply_ms=(time.perf_counter() - t2) * 1000,
             actions=counts,
             errors=errors,
             requeued=requeued,
@@ -182,12 +211,11 @@ class ControlLoop:
 
     async def _observe(self) -> dict[str, WorkerState]:
         ids = [w for w in self._clients if w not in self._lost and w not in self._advancing]
-        hosted = {w: url for url, ws in self.hosts.items() for w in ws}
-        alone = [w for w in ids if w not in hosted]
-        wanted = sorted({hosted[w] for w in ids if w in hosted})
+        alone = [w for w in ids if w not in self._host_of]
+        wanted = sorted({self._host_of[w] for w in ids if w in self._host_of})
         results = await asyncio.gather(
             *(self._clients[w].state() for w in alone),
-            *(self._host_states(url) for url in wanted),
+            *(self._hosts[url].states() for url in wanted),
             return_exceptions=True,
         )
         answers: dict[str, object] = dict(zip(alone, results, strict=False))
@@ -207,11 +235,6 @@ class ControlLoop:
                 log.warning("worker %s is lost: silent for %.1f s", wid, now - since)
                 self._lost.add(wid)
         return live
-
-    async def _host_states(self, url: str) -> dict[str, WorkerState]:
-        response = await self._host_http[url].get("/v1/states")
-        response.raise_for_status()
-        return HostStates.model_validate_json(response.content).states
 
     async def _reconcile(self, view: LedgerView, live: dict[str, WorkerState]) -> int:
         held: dict[str, tuple[str, str, int]] = {}  # id -> (worker, state, attempt)
@@ -299,7 +322,11 @@ class ControlLoop:
         attempts = {s.id: s.attempt for s in view.in_flight}
         errors = 0
         evicts = [a for a in actions if isinstance(a, Evict)]
-        results = await self._gather(self._clients[a.worker].evict(a.trajectory) for a in evicts)
+        results = await self._bulk(
+            [(a.worker, a.trajectory) for a in evicts],
+            lambda w, rid: self._clients[w].evict(rid),
+            lambda host, items: self._hosts[host].evict(items),
+        )
         parked = []
         for evict, result in zip(evicts, results, strict=True):
             if isinstance(result, BaseException):
@@ -313,14 +340,14 @@ class ControlLoop:
         await self.trainer.record_many(parked)
         places = [a for a in actions if isinstance(a, Place)]
         errors += await self._place(places, view, pending, attempts)
+        groups = sum(a.groups for a in actions if isinstance(a, Admit))
+        if groups:
+            await self.trainer.admit(groups)
         for action in actions:
             if isinstance(action, Advance) and action.worker not in self._advancing:
                 task = asyncio.create_task(self._advance(action))
                 self._advancing[action.worker] = task
                 task.add_done_callback(functools.partial(self._advanced, action.worker))
-        groups = sum(a.groups for a in actions if isinstance(a, Admit))
-        if groups:
-            await self.trainer.admit(groups)
         return errors
 
     async def _gather(self, calls: Iterable[Awaitable[Any]]) -> list[Any]:
@@ -333,12 +360,48 @@ class ControlLoop:
 
         return await asyncio.gather(*(bounded(c) for c in calls), return_exceptions=True)
 
+    async def _bulk(
+        self,
+        items: list[tuple[str, T]],
+        single: Callable[[str, T], Awaitable[R]],
+        many: Callable[[str, list[tuple[str, T]]], Awaitable[Sequence[R | WorkerError]]],
+    ) -> list[R | BaseException]:
+        """One call per item for a worker on its own, one call per host for hosted
+        ones; all concurrently. Results (or exceptions) in the order of `items`."""
+        results: list[R | BaseException | None] = [None] * len(items)
+        by_host: dict[str, list[int]] = {}
+        alone = []
+        for i, (w, _) in enumerate(items):
+            host = self._host_of.get(w)
+            if host is None:
+                alone.append(i)
+            else:
+                by_host.setdefault(host, []).append(i)
+
+        async def per_host(host: str, idx: list[int]) -> None:
+            try:
+                answers: Sequence[R | BaseException] = await many(host, [items[i] for i in idx])
+            except Exception as e:  # the host is unreachable: every item failed
+                answers = [e] * len(idx)
+            for i, answer in zip(idx, answers, strict=True):
+                results[i] = answer
+
+        singles, *_ = await asyncio.gather(
+            self._gather(single(*items[i]) for i in alone),
+            *(per_host(h, idx) for h, idx in by_host.items()),
+        )
+        for i, answer in zip(alone, singles, strict=True):
+            results[i] = answer
+        return [r if r is not None else RuntimeError("no answer") for r in results]
+
     def _advanced(self, worker: str, _: asyncio.Task[None]) -> None:
         self._advancing.pop(worker, None)
 
     async def _advance(self, action: Advance) -> None:
         try:
-            info = await self.trainer.version(action.version)
+            info = self._versions.get(action.version)
+            if info is None:  # a published version never changes: asked once
+                info = self._versions[action.version] = await self.trainer.version(action.version)
             request = AdvanceRequest(
                 version=action.version,
                 weights_uri=self.trainer.weights_uri(info),
@@ -387,8 +450,10 @@ class ControlLoop:
                 )
             )
         await self.trainer.record_many(records)
-        results = await self._gather(
-            self._clients[a.worker].place(r) for a, r in zip(places, requests, strict=True)
+        results = await self._bulk(
+            [(a.worker, r) for a, r in zip(places, requests, strict=True)],
+            lambda w, r: self._clients[w].place(r),
+            lambda host, items: self._hosts[host].place(items),
         )
         errors, back = 0, []
         for r, result in zip(requests, results, strict=True):
@@ -404,6 +469,12 @@ class ControlLoop:
                 )
         await self.trainer.record_many(back)
         return errors
+
+
+async def _timed(call: Awaitable[R]) -> tuple[R, float]:
+    started = time.perf_counter()
+    result = await call
+    return result, (time.perf_counter() - started) * 1000
 
 
 def _seed(sid: str, attempt: int) -> int:

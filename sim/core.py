@@ -37,6 +37,7 @@ from cadence.sim.catalog import MODELS
 from cadence.sim.engine import Engine, Request
 from cadence.sim.physics import Deployment, deploy, transfer_s
 from cadence.sim.scenario import Scenario
+from cadence.sim.stats import percentile
 from cadence.sim.workload import Sample
 
 State = Literal["fresh", "pending", "env", "running", "done"]
@@ -127,11 +128,6 @@ class Result:
     trace: list[TracePoint] = field(default_factory=list, repr=False)
 
 
-def _percentile(values: Sequence[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
 def _slowest_tenth_share(done: Sequence[Trajectory], prompts_per_batch: int) -> float:
     """The share of a batch's rollout time (first step to last completion) spent after
     90% of its samples completed, averaged over batches: the workload's long tail as the
@@ -164,11 +160,11 @@ def _tail_anatomy(done: Sequence[Trajectory], prompts_per_batch: int) -> dict[st
             by_batch.setdefault(t.sample.group // prompts_per_batch, []).append(
                 latency[t.sample.id]
             )
-    p95 = _percentile(list(latency.values()), 0.95) if latency else 0.0
+    p95 = percentile(list(latency.values()), 0.95) if latency else 0.0
     tail = [t for t in done if latency.get(t.sample.id, -1.0) >= p95 > 0]
     return {
         "latency_p95_by_batch_s": [
-            round(_percentile(by_batch[u], 0.95), 1) for u in sorted(by_batch)
+            round(percentile(by_batch[u], 0.95), 1) for u in sorted(by_batch)
         ],
         "tail_waiting_share": (
             statistics.fmean(t.waited_s / latency[t.sample.id] for t in tail) if tail else 0.0
@@ -502,7 +498,7 @@ class Simulation:
             policy=getattr(self.policy, "name", type(self.policy).__name__),
             throughput_tok_s=tokens / self.now,
             latency_p50_s=statistics.median(latencies),
-            latency_p95_s=_percentile(latencies, 0.95),
+            latency_p95_s=percentile(latencies, 0.95),
             tokens_per_dollar=tokens / dollars if dollars else float("inf"),
             trajectories=len(done),
             migrations=self.migrations,

@@ -95,6 +95,11 @@ class RunStats(_Body):
     counts: dict[str, int]
     reward_by_version: dict[int, float]
     done: bool
+    tokens_delivered: int = 0  # generated tokens of accepted deliveries
+    latency_p50_s: float = 0.0  # first decoding step to finish, accepted deliveries
+    latency_p95_s: float = 0.0
+    arrivals: dict[str, int] = Field(default_factory=dict)  # deliveries by outcome
+    accepted_twice: int = 0  # samples accepted more than once (a ledger bug if not 0)
 
 
 class SubmittedPrompt(_Body):

@@ -18,6 +18,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from cadence.sim.stats import percentile
 from cadence.trainer.api import (
     AdmitRequest,
     AdmitResponse,
@@ -215,6 +216,8 @@ def create_app(trainer: Trainer, token: str, *, train: bool = True) -> FastAPI:
     async def stats() -> RunStats:
         with trainer.lock:
             ledger = trainer.ledger
+            accepted = ledger.accepted_arrivals()
+            latencies = sorted(lat for _, _, lat in accepted if lat is not None)
             return RunStats(
                 version=ledger.version,
                 consumed=ledger.consumed_batches,
@@ -222,6 +225,11 @@ def create_app(trainer: Trainer, token: str, *, train: bool = True) -> FastAPI:
                 counts=ledger.counts(),
                 reward_by_version=ledger.reward_by_version(),
                 done=ledger.consumed_batches >= config.iterations,
+                tokens_delivered=sum(t for _, t, _ in accepted),
+                latency_p50_s=percentile(latencies, 0.5),
+                latency_p95_s=percentile(latencies, 0.95),
+                arrivals=ledger.arrivals(),
+                accepted_twice=ledger.accepted_twice(),
             )
 
     @app.get("/metrics")

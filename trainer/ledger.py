@@ -55,6 +55,15 @@ CREATE TABLE IF NOT EXISTS submitted (  -- prompts an external trainer sent, in 
     answer TEXT NOT NULL
 );
 CREATE TABLE IF NOT EXISTS updates (version INTEGER PRIMARY KEY, stats TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS arrivals (  -- every delivery that reached the trainer, in order
+    seq INTEGER PRIMARY KEY,
+    id TEXT NOT NULL,
+    attempt INTEGER NOT NULL,
+    outcome TEXT NOT NULL,         -- accepted, duplicate, stale, unknown
+    tokens INTEGER NOT NULL,       -- tokens the model generated
+    finished_at REAL NOT NULL,     -- wall clock, seconds
+    latency_s REAL                 -- first decoding step to finish
+);
 CREATE INDEX IF NOT EXISTS samples_by_batch ON samples (batch, state);
 CREATE INDEX IF NOT EXISTS samples_by_state ON samples (state, worker);
 """
@@ -262,30 +271,70 @@ class Ledger:
         return s.attempt + 1
 
     def deliver(self, delivery: Delivery, reward: float) -> Accepted:
-        """Accept a finished sample from its current attempt, once."""
+        """Accept a finished sample from its current attempt, once. Every arrival is
+        logged with its outcome, so a run can show that none was accepted twice."""
         with self._tx():
-            row = self.db.execute(
-                "SELECT attempt, state FROM samples WHERE id = ?", (delivery.id,)
-            ).fetchone()
-            if row is None:
-                return "unknown"
-            attempt, state = int(row[0]), str(row[1])
-            if state in ("delivered", "consumed"):
-                return "duplicate" if attempt == delivery.attempt else "stale"
-            if attempt != delivery.attempt:
-                return "stale"
+            outcome = self._accept(delivery, reward)
+            first = delivery.timings.first_step_at
             self.db.execute(
-                "UPDATE samples SET state = 'delivered', worker = NULL, version = ?, "
-                "reward = ?, failed = ?, delivery = ? WHERE id = ?",
+                "INSERT INTO arrivals (id, attempt, outcome, tokens, finished_at, latency_s) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
                 (
-                    delivery.version,
-                    reward,
-                    int(delivery.failed),
-                    delivery.model_dump_json(),
                     delivery.id,
+                    delivery.attempt,
+                    outcome,
+                    sum(len(t.token_ids) for t in delivery.turns if t.role == "model"),
+                    delivery.finished_at,
+                    None if first is None else delivery.finished_at - first,
                 ),
             )
+        return outcome
+
+    def _accept(self, delivery: Delivery, reward: float) -> Accepted:
+        row = self.db.execute(
+            "SELECT attempt, state FROM samples WHERE id = ?", (delivery.id,)
+        ).fetchone()
+        if row is None:
+            return "unknown"
+        attempt, state = int(row[0]), str(row[1])
+        if state in ("delivered", "consumed"):
+            return "duplicate" if attempt == delivery.attempt else "stale"
+        if attempt != delivery.attempt:
+            return "stale"
+        self.db.execute(
+            "UPDATE samples SET state = 'delivered', worker = NULL, version = ?, "
+            "reward = ?, failed = ?, delivery = ? WHERE id = ?",
+            (
+                delivery.version,
+                reward,
+                int(delivery.failed),
+                delivery.model_dump_json(),
+                delivery.id,
+            ),
+        )
         return "accepted"
+
+    def arrivals(self) -> dict[str, int]:
+        """How many deliveries arrived, by outcome."""
+        rows = self.db.execute("SELECT outcome, COUNT(*) FROM arrivals GROUP BY outcome")
+        return {str(o): int(n) for o, n in rows}
+
+    def accepted_twice(self) -> int:
+        """Samples with more than one accepted delivery: always 0 unless the ledger is
+        wrong, which is why runs report it."""
+        row = self.db.execute(
+            "SELECT COUNT(*) FROM (SELECT id FROM arrivals WHERE outcome = 'accepted' "
+            "GROUP BY id HAVING COUNT(*) > 1)"
+        ).fetchone()
+        return int(row[0])
+
+    def accepted_arrivals(self) -> list[tuple[float, int, float | None]]:
+        """(finished_at, tokens, latency_s) of every accepted delivery, in arrival order."""
+        rows = self.db.execute(
+            "SELECT finished_at, tokens, latency_s FROM arrivals WHERE outcome = 'accepted' "
+            "ORDER BY seq"
+        )
+        return [(float(f), int(t), None if lat is None else float(lat)) for f, t, lat in rows]
 
     # --- batches -------------------------------------------------------------------------
 

@@ -87,7 +87,12 @@ class Trainer:
         return self.config.state_dir / "weights" / f"optimizer-v{version}.safetensors"
 
     def _kept(self) -> set[int]:
-        return self.ledger.versions_in_use() | {self.ledger.version}
+        """Versions bound to an unfinished sample, and the newest `eta + 1`: a worker of
+        any of those may still start fresh samples (the staleness bound allows it), so a
+        replacement worker can be sent to one of them."""
+        newest = self.ledger.version
+        window = range(max(0, newest - self.config.eta), newest + 1)
+        return self.ledger.versions_in_use() | set(window)
 
     @property
     def total_groups(self) -> int:

@@ -215,3 +215,43 @@ class Delivery(_Body):
     @property
     def key(self) -> str:
         return f"{self.id}:{self.attempt}"
+
+
+# --- a host of several workers (worker/host.py) -------------------------------------------
+
+
+class HostStates(_Body):
+    states: dict[str, WorkerState]
+
+
+class HostPlace(_Body):
+    worker: str
+    request: PlaceRequest
+
+
+class HostEvict(_Body):
+    worker: str
+    id: str
+
+
+class HostPlaceMany(_Body):
+    """Placements for several of a host's workers, made concurrently in one call."""
+
+    items: list[HostPlace] = Field(max_length=4096)
+
+
+class HostEvictMany(_Body):
+    items: list[HostEvict] = Field(max_length=4096)
+
+
+class Outcome(_Body):
+    """One item of a bulk call: its answer, or the refusal the single call would give."""
+
+    status: int = 200
+    placed: PlaceResponse | None = None
+    evicted: EvictResponse | None = None
+    problem: Problem | None = None
+
+
+class Outcomes(_Body):
+    items: list[Outcome]

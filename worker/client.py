@@ -17,6 +17,13 @@ from cadence.worker.api import (
     ClaimRequest,
     Delivery,
     EvictResponse,
+    HostEvict,
+    HostEvictMany,
+    HostPlace,
+    HostPlaceMany,
+    HostStates,
+    Outcome,
+    Outcomes,
     PlaceRequest,
     PlaceResponse,
     ReleaseRequest,
@@ -66,6 +73,34 @@ class WorkerClient(ServiceClient):
 
 
 _EVICTED = TypeAdapter(list[EvictResponse])
+
+
+class HostClient(ServiceClient):
+    """A worker host's bulk calls (`worker/host.py`). Each item comes back as its answer
+    or as the `WorkerError` its single call would raise, in the order given."""
+
+    error = WorkerError
+    default_timeout_s = 5.0
+
+    async def states(self) -> dict[str, WorkerState]:
+        return HostStates.model_validate(await self._call("GET", "/v1/states")).states
+
+    async def place(
+        self, items: list[tuple[str, PlaceRequest]]
+    ) -> list[PlaceResponse | WorkerError]:
+        body = HostPlaceMany(items=[HostPlace(worker=w, request=r) for w, r in items])
+        outcomes = Outcomes.model_validate(await self._call("POST", "/v1/place", body))
+        return [o.placed if o.placed is not None else self._error(o) for o in outcomes.items]
+
+    async def evict(self, items: list[tuple[str, str]]) -> list[EvictResponse | WorkerError]:
+        body = HostEvictMany(items=[HostEvict(worker=w, id=i) for w, i in items])
+        outcomes = Outcomes.model_validate(await self._call("POST", "/v1/evict", body))
+        return [o.evicted if o.evicted is not None else self._error(o) for o in outcomes.items]
+
+    @staticmethod
+    def _error(outcome: Outcome) -> WorkerError:
+        p = outcome.problem
+        return WorkerError(outcome.status, p.reason if p else "unknown", p.error if p else "")
 
 
 class Peers:

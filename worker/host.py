@@ -3,26 +3,38 @@
 `cadence run` puts a pool of 32 emulated workers on a 2-core machine this way: a few host
 processes instead of 32 interpreters. Each worker keeps its own core, engine, outbox and
 API (its URL is `http://host:port/<id>`, which the control loop and peers use as any
-worker's base URL); the host runs every worker's decode loop for its lifetime and
-answers every worker's state in one call (`GET /v1/states`). Killing
+worker's base URL); the host runs every worker's decode loop for its lifetime. The
+control loop talks to a host in bulk: every worker's state in one call
+(`GET /v1/states`), a cycle's evictions and placements in one call each
+(`POST /v1/evict`, `POST /v1/place`), because on a busy host each request waits for the
+decode steps, and 64 single placements cost a cycle hundreds of milliseconds. Killing
 the host process loses all of its workers at once, as losing a node would.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 from fastapi import FastAPI
-from pydantic import BaseModel
 
 from cadence.worker import web
-from cadence.worker.api import WorkerState
+from cadence.worker.api import (
+    HostEvictMany,
+    HostPlaceMany,
+    HostStates,
+    Outcome,
+    Outcomes,
+    PlaceRequest,
+    Problem,
+)
 from cadence.worker.app import create_app, decode_forever
-from cadence.worker.core import WorkerCore
+from cadence.worker.core import Refused, WorkerCore
 
-
-class HostStates(BaseModel):
-    states: dict[str, WorkerState]
+log = logging.getLogger("cadence.host")
+T = TypeVar("T")
 
 
 def create_host_app(cores: dict[str, WorkerCore], token: str) -> FastAPI:
@@ -39,10 +51,51 @@ def create_host_app(cores: dict[str, WorkerCore], token: str) -> FastAPI:
 
     @host.get("/v1/states", dependencies=guarded)
     async def states() -> HostStates:
-        """Every hosted worker's `/v1/state` in one answer: the control loop reads a
-        host once per cycle instead of once per worker."""
+        """Every hosted worker's `/v1/state` in one answer."""
         return HostStates(states={wid: core.state() for wid, core in cores.items()})
+
+    @host.post("/v1/evict", dependencies=guarded)
+    async def evict_many(body: HostEvictMany) -> Outcomes:
+        """Each item as `POST /<worker>/v1/trajectories/{id}/evict` would answer it."""
+
+        async def one(core: WorkerCore, rid: str) -> Outcome:
+            return Outcome(evicted=core.evict(rid))
+
+        return Outcomes(items=[await _outcome(cores, i.worker, one, i.id) for i in body.items])
+
+    @host.post("/v1/place", dependencies=guarded)
+    async def place_many(body: HostPlaceMany) -> Outcomes:
+        """Each item as `POST /<worker>/v1/trajectories` would answer it, concurrently
+        (a departed trajectory is claimed from its source over HTTP)."""
+
+        async def one(core: WorkerCore, request: PlaceRequest) -> Outcome:
+            return Outcome(placed=await core.place(request))
+
+        calls = [_outcome(cores, i.worker, one, i.request) for i in body.items]
+        return Outcomes(items=list(await asyncio.gather(*calls)))
 
     for wid, core in cores.items():
         host.mount(f"/{wid}", create_app(core, token, run_decode_loop=False))
     return host
+
+
+async def _outcome(
+    cores: dict[str, WorkerCore],
+    worker: str,
+    call: Callable[[WorkerCore, T], Awaitable[Outcome]],
+    item: T,
+) -> Outcome:
+    core = cores.get(worker)
+    if core is None:
+        return _refused(404, "unknown_worker", f"no worker {worker} on this host")
+    try:
+        return await call(core, item)
+    except (Refused, web.Refusal) as e:
+        return _refused(e.status, e.reason, str(e))
+    except Exception as e:  # one item's failure must not fail the others' answers
+        log.exception("bulk item for %s failed", worker)
+        return _refused(500, "internal", f"{type(e).__name__}: {e}")
+
+
+def _refused(status: int, reason: str, message: str) -> Outcome:
+    return Outcome(status=status, problem=Problem(error=message, reason=reason))

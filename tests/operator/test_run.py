@@ -1,15 +1,22 @@
 """`cadence run`: the example's pool (two groups, four emulated workers in two host
 processes) trains to the end; every admitted sample ends once, and the measures are
-in the JSON. A bad file exits 2 with the field path."""
+in the JSON and the report. Under `--chaos` worker processes die mid-run and every sample
+still ends exactly once. `--compare` runs two policies side by side. A bad file exits 2
+with the field path."""
 
 from __future__ import annotations
 
 import json
+import signal
+import sqlite3
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
 
 from cadence.operator.cli import main
+from cadence.operator.localpool import CADENCE
 
 EXAMPLE = Path(__file__).parents[2] / "manifests" / "examples" / "trainingrun.yaml"
 
@@ -31,6 +38,52 @@ def test_a_short_run_of_the_example_ends_every_sample_once(
     assert 0 < result["latency_p50_s"] <= result["latency_p95_s"]
     assert len(result["reward_by_version"]) >= 2
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == result
+    report = tmp_path / "run"
+    assert json.loads((report / "run.json").read_text()) == result
+    page = (report / "report.html").read_text()
+    for plot in ("throughput.png", "context.png", "latency_cdf.png", "reward.png"):
+        assert (report / plot).stat().st_size > 0 and plot in page
+
+
+def test_under_chaos_every_admitted_sample_ends_exactly_once(tmp_path: Path) -> None:
+    chaotic = tmp_path / "chaos.yaml"
+    chaotic.write_text(EXAMPLE.read_text().replace("iterations: 30", "iterations: 6"))
+    out, workdir = tmp_path / "out.json", tmp_path / "run"
+    argv = ["run", str(chaotic), "--chaos", "2", "--json", str(out), "--workdir", str(workdir)]
+    assert main(argv) == 0
+    result = json.loads(out.read_text())
+    assert result["hosts_killed"] >= 1 and result["workers_replaced"] >= 2
+    assert result["requeued"] >= 1  # the killed process held work
+    assert result["samples_admitted"] == 6 * 8 * 8 == result["samples_delivered"]
+    assert result["samples_lost"] == 0 and result["samples_duplicated"] == 0
+    db = sqlite3.connect(workdir / "trainer" / "ledger.db")
+    states = dict(db.execute("SELECT state, COUNT(*) FROM samples GROUP BY state").fetchall())
+    assert states == {"consumed": 6 * 8 * 8}
+    # Each sample was accepted once, from the attempt the ledger holds as current.
+    accepted = db.execute(
+        "SELECT a.id, a.attempt, s.attempt FROM arrivals a JOIN samples s ON a.id = s.id "
+        "WHERE a.outcome = 'accepted'"
+    ).fetchall()
+    assert len(accepted) == len({sid for sid, _, _ in accepted}) == 6 * 8 * 8
+    assert all(delivered == current for _, delivered, current in accepted)
+    assert max(current for _, _, current in accepted) >= 1  # some ran again after a loss
+
+
+def test_compare_runs_each_policy_and_prints_them_side_by_side(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    short = tmp_path / "short.yaml"
+    short.write_text(EXAMPLE.read_text().replace("iterations: 30", "iterations: 2"))
+    argv = ["run", str(short), "--compare", "cadence,sync", "--workdir", str(tmp_path / "run")]
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    runs = json.loads(captured.out.strip().splitlines()[-1])["runs"]
+    assert [r["policy"] for r in runs] == ["cadence", "sync"]
+    assert all(r["samples_delivered"] == r["samples_admitted"] == 2 * 8 * 8 for r in runs)
+    header = next(line for line in captured.err.splitlines() if "cadence" in line)
+    assert "sync" in header  # one table, a column per policy
+    assert (tmp_path / "run" / "cadence" / "trainer").is_dir()
+    assert (tmp_path / "run" / "sync" / "trainer").is_dir()
 
 
 def test_a_bad_file_exits_2_naming_the_field(
@@ -42,3 +95,43 @@ def test_a_bad_file_exits_2_naming_the_field(
     err = capsys.readouterr().err
     assert err.startswith("cadence: error: TrainingRun spec.scheduler.hMin:")
     assert err.count("\n") == 1
+
+
+def test_an_unknown_policy_in_compare_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["run", str(EXAMPLE), "--compare", "cadence,nope"]) == 2
+    assert "unknown policy 'nope'" in capsys.readouterr().err
+
+
+def test_ctrl_c_stops_every_child_process(tmp_path: Path) -> None:
+    workdir = tmp_path / "run"
+    run = subprocess.Popen(
+        [*CADENCE, "run", str(EXAMPLE), "--workdir", str(workdir)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+
+    def children() -> list[int]:
+        return [pid for pid in _processes_naming(str(workdir)) if pid != run.pid]
+
+    deadline = time.monotonic() + 120
+    while len(children()) < 3 and time.monotonic() < deadline:  # trainer and two hosts
+        time.sleep(0.5)
+    assert len(children()) == 3
+    time.sleep(3)  # into the run
+    run.send_signal(signal.SIGINT)
+    _, err = run.communicate(timeout=60)
+    assert run.returncode == 130 and err.decode().rstrip().endswith("cadence: interrupted")
+    assert children() == []
+
+
+def _processes_naming(text: str) -> list[int]:
+    """Processes whose command line holds `text` (the run's children name its folder)."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            args = cmdline.read_bytes().split(b"\0")
+        except OSError:  # it exited meanwhile
+            continue
+        if b"entry()" in b" ".join(args) and any(text.encode() in a for a in args[3:]):
+            found.append(int(cmdline.parent.name))
+    return found
