@@ -146,7 +146,32 @@ def _policy_settings(items: Sequence[str]) -> dict[str, dict[str, object]]:
     return settings
 
 
-def _load_scenario(path: Path) -> Scenario:
+def _load_scenario(path: Path, settings: Sequence[str] = ()) -> Scenario:
+    """A scenario file, or the resources `cadence run` takes (`operator/simulate.py`),
+    with `--set PATH=VALUE` overrides applied."""
+    scenario = _read_scenario(path)
+    for item in settings:
+        key, eq, value = item.partition("=")
+        if not (eq and key):
+            raise UsageError(f"--set {item!r} is not PATH=VALUE (e.g. trainer.update_seconds=2)")
+        try:
+            scenario = compare.with_setting(scenario, key, _setting_value(value))
+        except compare.UnknownSetting as e:
+            raise UsageError(str(e)) from None
+        except ValidationError as e:
+            raise UsageError(_validation_sentence("--set", path, e)) from None
+    return scenario
+
+
+def _read_scenario(path: Path) -> Scenario:
+    if _holds_resources(path):
+        from cadence.operator.resources import ResourceError, load  # noqa: PLC0415
+        from cadence.operator.simulate import scenario_of  # noqa: PLC0415
+
+        try:
+            return scenario_of(*load(path))
+        except ResourceError as e:
+            raise UsageError(str(e)) from None
     try:
         return Scenario.load(path)
     except OSError as e:
@@ -155,6 +180,15 @@ def _load_scenario(path: Path) -> Scenario:
         raise UsageError(f"scenario {path} is not YAML: {e}") from None
     except ValidationError as e:
         raise UsageError(_validation_sentence("scenario", path, e)) from None
+
+
+def _holds_resources(path: Path) -> bool:
+    """Whether a YAML file holds Kubernetes-style resources rather than a scenario."""
+    try:
+        docs = list(yaml.safe_load_all(path.read_text()))
+    except (OSError, yaml.YAMLError):
+        return False  # the scenario reader says why
+    return any(isinstance(d, dict) and "apiVersion" in d for d in docs)
 
 
 def _vary_values(spec: str) -> tuple[str, list[object]]:
@@ -222,7 +256,7 @@ def _progress() -> Iterator[compare.Progress]:
 
 
 def _cmd_sim(args: argparse.Namespace) -> int:
-    scenario = _load_scenario(args.scenario)
+    scenario = _load_scenario(args.scenario, args.set or ())
     if args.seed is not None:
         scenario = scenario.model_copy(update={"seed": args.seed})
     names = [n.strip() for n in args.policies.split(",") if n.strip()]
@@ -322,6 +356,29 @@ def _cmd_bench_emulation(args: argparse.Namespace) -> int:
     from cadence.bench.emulation import main as emulation_main  # noqa: PLC0415
 
     emulation_main(args.workers, args.residents, args.seconds, args.compression)
+    return 0
+
+
+def _cmd_bench_agreement(args: argparse.Namespace) -> int:
+    if not 0 < args.compression <= 1:
+        raise UsageError("--compression must be above 0 and at most 1")
+    policies = [p for p in args.policies.split(",") if p]
+    unknown = [p for p in policies if p not in POLICIES]
+    if unknown or not policies:
+        raise UsageError(
+            f"unknown policy {', '.join(unknown) or '(none)'}; known: {', '.join(POLICIES)}"
+        )
+    if args.file is not None:
+        from cadence.operator.resources import ResourceError, load  # noqa: PLC0415
+
+        try:
+            load(args.file)
+        except ResourceError as e:
+            raise UsageError(str(e)) from None
+    # Imported here: torch takes seconds to import, and no other subcommand needs it.
+    from cadence.bench.agreement import main as agreement_main  # noqa: PLC0415
+
+    agreement_main(args.file, policies, args.compression, args.iterations)
     return 0
 
 
@@ -548,7 +605,18 @@ def build_parser() -> argparse.ArgumentParser:
         description="Simulate a rollout pool described by a scenario file under each "
         "policy and print a table (and optionally JSON).",
     )
-    s.add_argument("--scenario", type=Path, required=True, help="scenario YAML file")
+    s.add_argument(
+        "--scenario",
+        type=Path,
+        required=True,
+        help="scenario YAML file, or the RolloutPool and TrainingRun file cadence run takes",
+    )
+    s.add_argument(
+        "--set",
+        action="append",
+        metavar="PATH=VALUE",
+        help="set a scenario field (e.g. workload.prompt_tokens=64); repeatable",
+    )
     s.add_argument("--policies", default=",".join(POLICIES), help="comma-separated names")
     s.add_argument("--seed", type=int, help="override the scenario's seed")
     s.add_argument("--json", type=Path, help="write the results as JSON here")
@@ -742,6 +810,23 @@ def build_parser() -> argparse.ArgumentParser:
     em.add_argument("--seconds", type=float, default=20.0)
     em.add_argument("--compression", type=float, default=1.0, help="time compression factor")
     em.set_defaults(run=_cmd_bench_emulation)
+    ag = benches.add_parser(
+        "agreement",
+        help="the emulated runtime and the simulator on one YAML file (prints JSON)",
+        description="Run FILE (default: the shipped example) with cadence run on emulated "
+        "workers, then simulate the same resources with the workload that run measured, "
+        "per policy; report both throughputs and P95 latencies and their ratio.",
+    )
+    ag.add_argument("file", type=Path, nargs="?", help="YAML with a RolloutPool and a TrainingRun")
+    ag.add_argument("--policies", default="cadence", help="comma-separated names")
+    ag.add_argument(
+        "--compression",
+        type=float,
+        default=0.02,
+        help="time compression, slow enough that the emulation keeps pace here",
+    )
+    ag.add_argument("--iterations", type=_at_least(1), default=6, help="batches per run")
+    ag.set_defaults(run=_cmd_bench_agreement)
     le = benches.add_parser(
         "learn",
         help="GRPO on a toy task through workers, trainer and control loop (prints JSON)",

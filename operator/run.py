@@ -149,10 +149,10 @@ async def run(
         )
         common = [
             *("--model-path", str(model), "--model", spec.model.catalog),
-            *("--trainer-url", trainer_url, "--weights-dir", str(workdir / "weights")),
+            *("--trainer-url", trainer_url),
             *("--compression", str(options.compression), "--grace-s", "1"),
         ]
-        pool_run = _Pool(children, common, options)
+        pool_run = _Pool(children, common, options, workdir / "weights")
         state = pool_run.progress
         state.policy = policy
         await children.healthy("trainer", within_s=300)
@@ -221,8 +221,11 @@ async def run(
 class _Pool:
     """The pool's worker processes: started, killed by chaos, replaced."""
 
-    def __init__(self, children: Children, common: list[str], options: RunOptions) -> None:
+    def __init__(
+        self, children: Children, common: list[str], options: RunOptions, weights: Path
+    ) -> None:
         self.children = children
+        self.weights = weights  # each worker keeps its versions in its own folder below
         self.common = common
         self.options = options
         self.urls: dict[str, str] = {}
@@ -255,7 +258,8 @@ class _Pool:
     def _start_host(self, name: str, workers: list[PoolWorker]) -> str:
         hosted = [f"{w.id}:{w.accelerator}:{w.affinity}" for w in workers]
         hosting = [a for h in hosted for a in ("--hosted", h)]
-        url = self.children.start(name, ["worker", "--id", name, *hosting, *self.common])
+        args = ["worker", "--id", name, *hosting, "--weights-dir", str(self.weights)]
+        url = self.children.start(name, [*args, *self.common])
         self.members[name] = workers
         self.hosted[url] = [w.id for w in workers]
         self.urls.update({w.id: f"{url}/{w.id}" for w in workers})
@@ -263,7 +267,8 @@ class _Pool:
 
     def _start_single(self, w: PoolWorker) -> str:
         args = ["worker", "--id", w.id, "--engine", "vllm", "--accelerator", w.accelerator]
-        url = self.children.start(w.id, [*args, "--affinity", str(w.affinity), *self.common])
+        args += ["--affinity", str(w.affinity), "--weights-dir", str(self.weights / w.id)]
+        url = self.children.start(w.id, [*args, *self.common])
         self.members[w.id] = [w]
         self.urls[w.id] = url
         return w.id

@@ -80,6 +80,11 @@ class VllmEngine:
             num_gpu_blocks_override=kv_blocks,
             enable_prefix_caching=True,
             enforce_eager=True,
+            # A chunked prefill discards the chunk's sampled token and rewinds the
+            # request's seeded generator, which the CPU generator cannot do (vLLM fails
+            # with "CPU Generator does not use offset"): prompts are prefilled whole.
+            enable_chunked_prefill=False,
+            max_num_batched_tokens=max(max_model_len, 2048),
             gpu_memory_utilization=memory_utilization,
             disable_log_stats=False,
             # The trainer's importance ratios need the logprobs of the distribution the

@@ -7,6 +7,7 @@ with the field path."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sqlite3
 import subprocess
@@ -113,15 +114,21 @@ def test_ctrl_c_stops_every_child_process(tmp_path: Path) -> None:
     def children() -> list[int]:
         return [pid for pid in _processes_naming(str(workdir)) if pid != run.pid]
 
-    deadline = time.monotonic() + 120
-    while len(children()) < 3 and time.monotonic() < deadline:  # trainer and two hosts
-        time.sleep(0.5)
-    assert len(children()) == 3
-    time.sleep(3)  # into the run
-    run.send_signal(signal.SIGINT)
-    _, err = run.communicate(timeout=60)
+    try:
+        deadline = time.monotonic() + 120
+        while len(children()) < 3 and time.monotonic() < deadline:  # trainer and two hosts
+            time.sleep(0.5)
+        assert len(children()) == 3
+        time.sleep(3)  # into the run
+        run.send_signal(signal.SIGINT)
+        _, err = run.communicate(timeout=60)
+        left = children()
+    finally:  # a failed test leaves nothing running either
+        run.kill()
+        for pid in children():
+            os.kill(pid, signal.SIGKILL)
     assert run.returncode == 130 and err.decode().rstrip().endswith("cadence: interrupted")
-    assert children() == []
+    assert left == []
 
 
 def _processes_naming(text: str) -> list[int]:

@@ -1,0 +1,94 @@
+"""Agreement bench: the emulated runtime (`cadence run`) and the simulator (`cadence sim`)
+on one scenario, the same YAML file; how far their throughput and P95 latency differ.
+
+For each policy the file runs for real first: trainer, emulated workers and the control
+loop, at a time compression slow enough for the emulation to keep its accelerators' pace
+on this machine. What the resources do not say about the workload is then read from that
+run's ledger (mean prompt and response length, the mean update time) and given to the
+simulator (`operator/simulate.py`), which runs the same policy on the same modelled pool.
+`ratio` is runtime over simulator; the target is within 15%. Prints one JSON object.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+import statistics
+import tempfile
+from pathlib import Path
+
+from cadence.operator import run as local
+from cadence.operator.resources import load
+from cadence.operator.simulate import SimWorkload, scenario_of
+from cadence.sim import compare
+
+EXAMPLE = Path(__file__).parents[1] / "manifests" / "examples" / "trainingrun.yaml"
+
+
+def _workload(state_dir: Path, compression: float) -> SimWorkload:
+    db = sqlite3.connect(state_dir / "ledger.db")
+    try:
+        prompts = [len(json.loads(p)) for (p,) in db.execute("SELECT prompt FROM groups")]
+        (tokens,) = db.execute("SELECT AVG(tokens) FROM arrivals WHERE outcome = 'accepted'")
+        updates = [json.loads(s)["seconds"] for (s,) in db.execute("SELECT stats FROM updates")]
+    finally:
+        db.close()
+    return SimWorkload(
+        prompt_tokens=round(statistics.mean(prompts)),
+        response_tokens=float(tokens[0]),
+        update_seconds=statistics.mean(updates),
+        compression=compression,
+    )
+
+
+def measure(
+    file: Path, policies: list[str], compression: float, iterations: int, workdir: Path
+) -> dict[str, object]:
+    pool, training = load(file)
+    spec = training.spec.model_copy(
+        update={"batch": training.spec.batch.model_copy(update={"iterations": iterations})}
+    )
+    training = training.model_copy(update={"spec": spec})
+    out: dict[str, object] = {}
+    for policy in policies:
+        folder = workdir / policy
+        options = local.RunOptions(policy=policy, compression=compression)
+        measured = asyncio.run(local.run(pool, training, folder, options)).measures
+        workload = _workload(folder / "trainer", compression)
+        simulated = compare.run(scenario_of(pool, training, workload), [policy], {})[0]
+        runtime = {
+            "throughput_tok_s": measured["throughput_tok_s"],
+            "latency_p95_s": measured["latency_p95_s"],
+            "wall_seconds": measured["wall_seconds"],
+        }
+        sim = {
+            "throughput_tok_s": round(simulated.throughput_tok_s, 1),
+            "latency_p95_s": round(simulated.latency_p95_s, 3),
+            "simulated_seconds": round(simulated.simulated_seconds, 1),
+        }
+        ratio = {
+            k: round(float(runtime[k]) / sim[k], 3) if sim[k] else None  # type: ignore[arg-type]
+            for k in ("throughput_tok_s", "latency_p95_s")
+        }
+        out[policy] = {
+            "runtime": runtime,
+            "simulator": sim,
+            "ratio": ratio,
+            "within_15pct": all(r is not None and abs(r - 1) <= 0.15 for r in ratio.values()),
+            "workload": {
+                "prompt_tokens": workload.prompt_tokens,
+                "response_tokens": round(workload.response_tokens or 0, 2),
+                "update_seconds": round(workload.update_seconds, 3),
+            },
+        }
+    return {"file": str(file), "compression": compression, "iterations": iterations, **out}
+
+
+def main(
+    file: Path | None, policies: list[str], compression: float, iterations: int
+) -> dict[str, object]:
+    with tempfile.TemporaryDirectory(prefix="cadence-agreement-") as tmp:
+        result = measure(file or EXAMPLE, policies, compression, iterations, Path(tmp))
+    print(json.dumps(result), flush=True)
+    return result

@@ -1,0 +1,103 @@
+"""The simulator's scenario for the resources `cadence run` takes, so one YAML file runs in
+both: `cadence sim --scenario trainingrun.yaml` and `cadence run trainingrun.yaml`.
+
+The resources say what the pool and the run are; they do not say what the workload looks
+like in time (how long prompts and responses are, how long an update takes). Those come
+from `SimWorkload`, whose defaults describe the built-in tasks (prompts of about 28
+tokens, every response `maxTokens` long), and are overridden with `cadence sim --set`.
+`compression` slows the modelled accelerators as `cadence run --compression` does, so a
+simulated run and an emulated one model the same hardware at the same pace.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from cadence.operator.resources import RolloutPool, TrainingRun
+from cadence.sim.catalog import ACCELERATORS, MODELS
+from cadence.sim.physics import (
+    BANDWIDTH_EFFICIENCY,
+    DECODE_MFU,
+    PREFILL_MFU,
+    STEP_OVERHEAD_S,
+    deploy,
+)
+from cadence.sim.scenario import (
+    CustomAccelerator,
+    Group,
+    Physics,
+    Scenario,
+    Scheduling,
+    Trainer,
+    Workload,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class SimWorkload:
+    prompt_tokens: int = 28  # the digits and arithmetic prompts under the tiny tokenizer
+    response_tokens: float | None = None  # None: the run's maxTokens
+    update_seconds: float = 1.0  # one GRPO update of the tiny model on this machine's CPU
+    compression: float = 1.0
+
+
+def scenario_of(pool: RolloutPool, run: TrainingRun, w: SimWorkload = SimWorkload()) -> Scenario:
+    spec, batch, s = run.spec, run.spec.batch, run.spec.scheduler
+    model = MODELS[spec.model.catalog]
+    max_len = w.prompt_tokens + batch.max_tokens
+    groups = []
+    for g in pool.spec.groups:
+        custom = None
+        if g.custom is not None:
+            fig = g.custom
+            custom = CustomAccelerator(
+                memory_gb=fig.memory_gb,
+                bandwidth_tb_s=fig.bandwidth_tb_s,
+                bf16_tflops=fig.bf16_tflops,
+            )
+        tp = g.engine.tensor_parallel
+        if tp is None and custom is None:
+            tp = deploy(model, ACCELERATORS[g.accelerator], max_len + s.h_min + s.delta).tp
+        groups.append(
+            Group(
+                name=g.name,
+                accelerator=g.accelerator,
+                devices=max(1, g.replicas * (tp or 1)),
+                affinity=g.affinity,
+                price_per_hour=g.price_per_hour,
+                custom=custom,
+            )
+        )
+    c = w.compression
+    if not 0 < c <= 1:
+        raise ValueError("the simulator models a compression between 0 and 1 (slower hardware)")
+    return Scenario(
+        name=run.metadata.name,
+        model=spec.model.catalog,
+        max_model_len=max_len,
+        groups=groups,
+        physics=Physics(
+            bandwidth_efficiency=BANDWIDTH_EFFICIENCY.value * c,
+            prefill_mfu=PREFILL_MFU.value * c,
+            decode_mfu=DECODE_MFU.value * c,
+            step_overhead_s=STEP_OVERHEAD_S.value / c,
+            kv_transfer=False,  # workers here re-prefill a moved trajectory
+        ),
+        workload=Workload(
+            prompts_per_batch=batch.prompts_per_batch,
+            samples_per_prompt=batch.samples_per_prompt,
+            iterations=batch.iterations,
+            prompt_tokens=w.prompt_tokens,
+            median_response_tokens=w.response_tokens or batch.max_tokens,
+            sigma_between_groups=0.0,
+            sigma_within_group=0.0,
+        ),
+        trainer=Trainer(update_seconds=w.update_seconds),
+        scheduling=Scheduling(
+            eta=s.eta,
+            delta=s.delta,
+            h_min=s.h_min,
+            min_decode=s.min_decode,
+            control_period_s=s.control_period_s,
+        ),
+    )

@@ -1,0 +1,56 @@
+"""The simulator reads the file `cadence run` takes: the pool's groups become scenario
+groups, the run's batch and knobs the workload and scheduling, and `cadence sim` runs it
+with `--set` overrides."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from cadence.operator.cli import main
+from cadence.operator.resources import load
+from cadence.operator.simulate import SimWorkload, scenario_of
+
+EXAMPLE = Path(__file__).parents[2] / "manifests" / "examples" / "trainingrun.yaml"
+
+
+def test_the_example_becomes_a_scenario_of_the_same_pool_and_knobs() -> None:
+    pool, run = load(EXAMPLE)
+    scenario = scenario_of(pool, run, SimWorkload(prompt_tokens=30, update_seconds=0.5))
+    assert [(g.name, g.accelerator, g.devices, g.affinity) for g in scenario.groups] == [
+        ("h800", "H800", 2, 2),
+        ("a910x", "A910X", 2, 1),
+    ]
+    assert [g.price_per_hour for g in scenario.groups] == [2.0, 1.2]
+    w = scenario.workload
+    assert (w.prompts_per_batch, w.samples_per_prompt, w.iterations) == (8, 8, 30)
+    assert w.median_response_tokens == 12 and scenario.max_model_len == 30 + 12
+    s = scenario.scheduling
+    assert (s.eta, s.delta, s.h_min, s.control_period_s) == (1, 16, 256, 0.2)
+    assert scenario.trainer.update_seconds == 0.5
+
+
+def test_compression_slows_the_modelled_hardware_as_the_emulation_does() -> None:
+    pool, run = load(EXAMPLE)
+    full = scenario_of(pool, run).physics
+    slow = scenario_of(pool, run, SimWorkload(compression=0.1)).physics
+    assert slow.decode_mfu == pytest.approx(full.decode_mfu * 0.1)
+    assert slow.step_overhead_s == pytest.approx(full.step_overhead_s * 10)
+    with pytest.raises(ValueError, match="between 0 and 1"):
+        scenario_of(pool, run, SimWorkload(compression=2.0))
+
+
+def test_cadence_sim_runs_the_run_file_with_overrides(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "sim.json"
+    argv = ["sim", "--scenario", str(EXAMPLE), "--policies", "cadence,sync", "--json", str(out)]
+    assert main([*argv, "--set", "batch.iterations=3"]) == 2
+    assert "no section 'batch'" in capsys.readouterr().err
+    assert main([*argv, "--set", "workload.iterations=3", "--set", "trainer.update_seconds=5"]) == 0
+    policies = json.loads(out.read_text())["policies"]
+    assert sorted(policies) == ["cadence", "sync"]
+    # Five-second updates: sync waits for each, cadence (eta 1) rolls out meanwhile.
+    assert policies["cadence"]["throughput_tok_s"] > policies["sync"]["throughput_tok_s"]
