@@ -39,6 +39,9 @@ class SimWorkload:
     response_tokens: float | None = None  # None: the run's maxTokens
     update_seconds: float = 1.0  # one GRPO update of the tiny model on this machine's CPU
     compression: float = 1.0
+    # Trainer to pool. The emulated engine loads the tiny model's real weights and does
+    # not model the catalog model's transfer: compare it with a link that costs nothing.
+    weights_link_gb_s: float = 2.5
 
 
 def scenario_of(pool: RolloutPool, run: TrainingRun, w: SimWorkload = SimWorkload()) -> Scenario:
@@ -92,7 +95,7 @@ def scenario_of(pool: RolloutPool, run: TrainingRun, w: SimWorkload = SimWorkloa
             sigma_between_groups=0.0,
             sigma_within_group=0.0,
         ),
-        trainer=Trainer(update_seconds=w.update_seconds),
+        trainer=Trainer(update_seconds=w.update_seconds, weights_link_gb_s=w.weights_link_gb_s),
         scheduling=Scheduling(
             eta=s.eta,
             delta=s.delta,
