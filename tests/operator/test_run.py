@@ -18,6 +18,8 @@ import pytest
 
 from cadence.operator.cli import main
 from cadence.operator.localpool import CADENCE
+from cadence.operator.resources import load
+from cadence.operator.run import pool_workers, vllm_workers
 
 EXAMPLE = Path(__file__).parents[2] / "manifests" / "examples" / "trainingrun.yaml"
 
@@ -142,3 +144,29 @@ def _processes_naming(text: str) -> list[int]:
         if b"entry()" in b" ".join(args) and any(text.encode() in a for a in args[3:]):
             found.append(int(cmdline.parent.name))
     return found
+
+
+def test_a_vllm_run_says_plainly_when_it_starts_fewer_workers() -> None:
+    pool, _ = load(EXAMPLE)
+    kept, warning = vllm_workers(pool_workers(pool))
+    assert [w.id for w in kept] == ["h800-0", "h800-1", "a910x-0"]
+    assert warning == (
+        "--engine vllm: this machine runs 3 vLLM workers, not the pool's 4; "
+        "starting h800-0, h800-1, a910x-0"
+    )
+    assert vllm_workers(kept) == (kept, None)
+
+
+def test_a_short_run_on_vllm_workers_trains_and_ends_every_sample(tmp_path: Path) -> None:
+    small = tmp_path / "small.yaml"
+    text = EXAMPLE.read_text().replace("replicas: 2", "replicas: 1")
+    small.write_text(text.replace("iterations: 30", "iterations: 3"))
+    out = tmp_path / "out.json"
+    argv = ["run", str(small), "--engine", "vllm", "--json", str(out)]
+    assert main([*argv, "--workdir", str(tmp_path / "run")]) == 0
+    result = json.loads(out.read_text())
+    assert result["engine"] == "vllm" and result["workers"] == 2
+    assert result["samples_delivered"] == result["samples_admitted"] == 3 * 8 * 8
+    assert result["samples_lost"] == 0 and result["throughput_tok_s"] > 0
+    # The third batch is admitted under a newer version: the engines loaded its weights.
+    assert len(result["reward_by_version"]) >= 2

@@ -1,0 +1,78 @@
+"""The live view of `cadence run`: what a person watching the run reads from it."""
+
+from __future__ import annotations
+
+import time
+
+from rich.console import Console
+
+from cadence.operator.live import render
+from cadence.operator.run import Progress, Sample
+from cadence.trainer.api import RunStats
+from cadence.worker.api import ParkedInfo, ResidentInfo, WorkerState
+
+
+def _state(wid: str, version: int, residents: int, parked_versions: list[int]) -> WorkerState:
+    return WorkerState(
+        worker_id=wid,
+        accelerator="H800" if wid.startswith("h800") else "A910X",
+        affinity=2 if wid.startswith("h800") else 1,
+        engine="emulated",
+        version=version,
+        kv_capacity_tokens=10_000,
+        kv_used_tokens=40 * residents,
+        headroom_tokens=10_000 - 40 * residents,
+        residents=[
+            ResidentInfo(
+                id=f"{wid}-r{i}",
+                attempt=0,
+                version=version,
+                context=40,
+                generated=12,
+                decoded_since_placement=12,
+                state="decoding",
+            )
+            for i in range(residents)
+        ],
+        parked=[
+            ParkedInfo(id=f"{wid}-p{i}", attempt=0, version=v, context=30, reason="evicted")
+            for i, v in enumerate(parked_versions)
+        ],
+        draining=False,
+    )
+
+
+def test_the_view_shows_each_worker_pending_per_version_and_the_run() -> None:
+    progress = Progress("cadence", started=time.monotonic() - 10)
+    progress.latest = Sample(
+        9.5,
+        {
+            "h800-0": _state("h800-0", 3, 2, [2, 3]),
+            "a910x-0": _state("a910x-0", 2, 5, [2]),
+        },
+    )
+    progress.lost = frozenset({"a910x-1"})
+    progress.events = ["killed host-1 (a910x-1)"]
+    progress.stats = RunStats(
+        version=3,
+        consumed=3,
+        iterations=30,
+        counts={},
+        reward_by_version={0: 0.05, 2: 0.31},
+        done=False,
+        tokens_delivered=5_000,
+        latency_p50_s=0.4,
+        latency_p95_s=0.9,
+    )
+    console = Console(width=120, record=True)
+    console.print(render(progress))
+    text = console.export_text()
+    assert "version 3" in text and "trained 3/30" in text
+    assert "pending v2: 2, v3: 1" in text
+    assert "500 tok/s" in text  # 5,000 tokens in 10 s
+    assert "P50 0.40 s" in text and "P95 0.90 s" in text and "reward 0.31 (v2)" in text
+    rows = {line.split()[0]: line.split() for line in text.splitlines() if line.strip()}
+    assert rows["h800-0"][1:] == ["H800", "2", "3", "2", "2", "9,920"]
+    assert rows["a910x-0"][1:] == ["A910X", "1", "2", "5", "1", "9,800"]
+    assert rows["a910x-1"][-1] == "lost"
+    assert "killed host-1 (a910x-1)" in text
