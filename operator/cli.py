@@ -404,6 +404,15 @@ def _cmd_bench_learn(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_environment(args: argparse.Namespace) -> int:
+    import uvicorn  # noqa: PLC0415
+
+    from cadence.worker.calculator import create_app  # noqa: PLC0415
+
+    uvicorn.run(create_app(), host=args.host, port=args.port, log_level="warning")
+    return 0
+
+
 def _cmd_trainer(args: argparse.Namespace) -> int:
     # Imported here: torch takes seconds to import, and most subcommands never need it.
     from pydantic import ValidationError  # noqa: PLC0415
@@ -751,6 +760,17 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--port", type=_at_least(1), default=8100)
     t.add_argument("--token-file", type=Path, help="file holding the bearer token")
     t.set_defaults(run=_cmd_trainer)
+
+    env = sub.add_parser(
+        "environment",
+        help="run the reference environment for multi-turn tasks (a calculator)",
+        description="Serve the reference calculator environment: POST /v1/tool with a "
+        "model's text holding <tool>calc EXPRESSION</tool> answers <result>VALUE</result>. "
+        "Workers reach it with --env-url.",
+    )
+    env.add_argument("--host", default="127.0.0.1")
+    env.add_argument("--port", type=_at_least(1), default=8200)
+    env.set_defaults(run=_cmd_environment)
 
     bench = sub.add_parser("bench", help="run a benchmark (prints JSON)")
     benches = bench.add_subparsers(dest="bench", metavar="BENCH", parser_class=_Parser)

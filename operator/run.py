@@ -27,7 +27,7 @@ from typing import Literal
 
 from cadence.operator.localpool import Children
 from cadence.operator.loop import ControlLoop, LoopConfig
-from cadence.operator.resources import RolloutPool, TrainingRun
+from cadence.operator.resources import MultiTurnSpec, RolloutPool, TrainingRun
 from cadence.operator.scheduler.registry import POLICIES
 from cadence.operator.scheduler.snapshot import Knobs
 from cadence.sim.catalog import ACCELERATORS
@@ -155,11 +155,14 @@ async def run(
             "trainer", ["trainer", "--config", str(workdir / "trainer.json")]
         )
         common = [
+            *_environment(children, spec.multi_turn),
             *("--model-path", str(model), "--model", spec.model.catalog),
             *("--trainer-url", trainer_url),
             *("--compression", str(options.compression), "--grace-s", "1"),
         ]
         pool_run = _Pool(children, common, options, workdir / "weights")
+        if "environment" in children.processes:
+            await children.healthy("environment", within_s=60)
         state = pool_run.progress
         state.policy = policy
         await children.healthy("trainer", within_s=300)
@@ -323,6 +326,24 @@ class _Pool:
             self.loop.add_workers(joined, host=host if self.options.engine != "vllm" else None)
             self.replaced += len(joined)
             self.events.append(f"replaced by {', '.join(sorted(joined))}")
+
+
+def _environment(children: Children, turns: MultiTurnSpec) -> list[str]:
+    """The workers' environment options: the reference calculator started here for
+    `environment: calculator`, a URL as given, or nothing for single-turn runs."""
+    if turns.environment is None:
+        return []
+    url = turns.environment
+    if url == "calculator":
+        url = children.start("environment", ["environment"])
+    return [
+        "--env-url",
+        url,
+        "--env-timeout-s",
+        str(turns.timeout_s),
+        "--env-tries",
+        str(turns.tries),
+    ]
 
 
 def _renamed(name: str, generation: int) -> str:

@@ -144,6 +144,7 @@ def build(options: WorkerOptions) -> WorkerCore:
             timeout_s=options.env_timeout_s,
             tries=options.env_tries,
         )
+    print(_describe(options), flush=True)  # the first line of the worker's log
     return WorkerCore(
         Identity(options.worker_id, options.accelerator, options.affinity),
         engine,
@@ -156,6 +157,15 @@ def build(options: WorkerOptions) -> WorkerCore:
         outbox=outbox,
         tools=tools,
         eos_token_id=vocabulary.eos_token_id,
+    )
+
+
+def _describe(o: WorkerOptions) -> str:
+    turns = f"multi-turn via {o.env_url}" if o.env_url else "single-turn"
+    delivers = f"delivers to {o.trainer_url}" if o.trainer_url else "keeps its deliveries"
+    return (
+        f"cadence worker {o.worker_id}: {o.engine} engine, {o.accelerator} "
+        f"(affinity {o.affinity}), {turns}, {delivers}"
     )
 
 

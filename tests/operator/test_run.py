@@ -170,3 +170,18 @@ def test_a_short_run_on_vllm_workers_trains_and_ends_every_sample(tmp_path: Path
     assert result["samples_lost"] == 0 and result["throughput_tok_s"] > 0
     # The third batch is admitted under a newer version: the engines loaded its weights.
     assert len(result["reward_by_version"]) >= 2
+
+
+def test_a_multi_turn_run_starts_the_reference_environment_for_its_workers(
+    tmp_path: Path,
+) -> None:
+    turns = tmp_path / "turns.yaml"
+    text = EXAMPLE.read_text().replace("iterations: 30", "iterations: 2")
+    turns.write_text(text + "  multiTurn:\n    environment: calculator\n    maxToolCalls: 2\n")
+    workdir = tmp_path / "run"
+    assert main(["run", str(turns), "--workdir", str(workdir)]) == 0
+    assert (workdir / "logs" / "environment.log").is_file()  # `cadence environment` ran
+    hosts = [(workdir / "logs" / f"host-{i}.log").read_text() for i in (0, 1)]
+    assert all("multi-turn via http://127.0.0.1:" in log for log in hosts)
+    result = json.loads((workdir / "run.json").read_text())
+    assert result["samples_delivered"] == result["samples_admitted"] == 2 * 8 * 8
