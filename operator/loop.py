@@ -317,8 +317,9 @@ class ControlLoop:
         self, actions: Sequence[Action], view: LedgerView, pending: dict[str, PendingTrajectory]
     ) -> int:
         """Apply a plan in phases, each phase's calls concurrently: evictions (so every
-        placement finds the room and the parked state it was planned with), placements,
-        then admission; advances start in the background. Returns how many failed."""
+        placement finds the room and the parked state it was planned with), admission
+        (a plan may place the samples it admits), placements; advances start in the
+        background. Returns how many failed."""
         attempts = {s.id: s.attempt for s in view.in_flight}
         errors = 0
         evicts = [a for a in actions if isinstance(a, Evict)]
@@ -339,10 +340,15 @@ class ControlLoop:
             )
         await self.trainer.record_many(parked)
         places = [a for a in actions if isinstance(a, Place)]
-        errors += await self._place(places, view, pending, attempts)
         groups = sum(a.groups for a in actions if isinstance(a, Admit))
         if groups:
             await self.trainer.admit(groups)
+            known = {f.id for f in view.fresh} | set(pending)
+            if any(a.trajectory not in known for a in places):
+                # The plan places samples of the groups it admits (AReaL-like does):
+                # they are in the ledger now, with their prompts.
+                view = await self.trainer.ledger()
+        errors += await self._place(places, view, pending, attempts)
         for action in actions:
             if isinstance(action, Advance) and action.worker not in self._advancing:
                 task = asyncio.create_task(self._advance(action))
@@ -424,6 +430,10 @@ class ControlLoop:
         attempt), departed ones to the worker they are parked on."""
         fresh = {f.id: f for f in view.fresh}
         requests, records = [], []
+        unknown = [a for a in places if a.trajectory not in fresh and a.trajectory not in pending]
+        for a in unknown:
+            log.warning("%s names a sample that is neither fresh nor parked; skipped", a)
+        places = [a for a in places if a not in unknown]
         for a in places:
             f = fresh.get(a.trajectory)
             if f is not None:
@@ -468,7 +478,7 @@ class ControlLoop:
                     Record(id=r.id, attempt=r.attempt, state="parked", worker=r.source.worker_id)
                 )
         await self.trainer.record_many(back)
-        return errors
+        return errors + len(unknown)
 
 
 async def _timed(call: Awaitable[R]) -> tuple[R, float]:
