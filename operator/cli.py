@@ -499,6 +499,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from cadence.operator import run as local  # noqa: PLC0415
 
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="cadence-run-"))
+    for name in policies:
+        folder = workdir if len(policies) == 1 else workdir / str(name)
+        if (folder / "trainer").exists():
+            raise UsageError(f"{folder} already holds a run; give a new --workdir")
     console = Console(stderr=True)
     show = args.live if args.live is not None else console.is_terminal
     results = []

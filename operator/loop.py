@@ -143,6 +143,11 @@ class ControlLoop:
     def lost(self) -> frozenset[str]:
         return frozenset(self._lost)
 
+    @property
+    def totals(self) -> Counter[str]:
+        """Actions applied by kind, errors, re-queued samples and cycles, since start."""
+        return Counter(self._totals)
+
     async def aclose(self) -> None:
         for task in self._advancing.values():
             task.cancel()
@@ -338,8 +343,24 @@ class ControlLoop:
             parked.append(
                 Record(id=evict.trajectory, attempt=attempt, state="parked", worker=evict.worker)
             )
+            # Parked now: a placement in this same plan pulls it from there.
+            pending[evict.trajectory] = PendingTrajectory(
+                evict.trajectory,
+                result.version,
+                result.context,
+                since=self.clock(),
+                placeable=True,
+                parked_on=evict.worker,
+            )
         await self.trainer.record_many(parked)
-        places = [a for a in actions if isinstance(a, Place)]
+        advancing = {a.worker for a in actions if isinstance(a, Advance)}
+        places = [a for a in actions if isinstance(a, Place) and a.worker not in advancing]
+        # A plan that interrupts a worker, advances it and resubmits its residents there
+        # (AReaL-like) places them once the advance is done, from the advance's task.
+        after: dict[str, list[Place]] = {}
+        for a in actions:
+            if isinstance(a, Place) and a.worker in advancing:
+                after.setdefault(a.worker, []).append(a)
         groups = sum(a.groups for a in actions if isinstance(a, Admit))
         if groups:
             await self.trainer.admit(groups)
@@ -351,7 +372,10 @@ class ControlLoop:
         errors += await self._place(places, view, pending, attempts)
         for action in actions:
             if isinstance(action, Advance) and action.worker not in self._advancing:
-                task = asyncio.create_task(self._advance(action))
+                then = functools.partial(
+                    self._place, after.get(action.worker, []), view, pending, attempts
+                )
+                task = asyncio.create_task(self._advance(action, then))
                 self._advancing[action.worker] = task
                 task.add_done_callback(functools.partial(self._advanced, action.worker))
         return errors
@@ -403,7 +427,9 @@ class ControlLoop:
     def _advanced(self, worker: str, _: asyncio.Task[None]) -> None:
         self._advancing.pop(worker, None)
 
-    async def _advance(self, action: Advance) -> None:
+    async def _advance(self, action: Advance, then: Callable[[], Awaitable[int]]) -> None:
+        """Advance a worker; then make the placements its plan put after the advance
+        (none if it failed: those trajectories stay parked and are planned again)."""
         try:
             info = self._versions.get(action.version)
             if info is None:  # a published version never changes: asked once
@@ -417,6 +443,12 @@ class ControlLoop:
         except (WorkerError, TrainerError, OSError, httpx.TransportError) as e:
             self._totals["errors"] += 1
             log.warning("%s failed: %s", action, e)
+            return
+        try:
+            self._totals["errors"] += await then()
+        except (TrainerError, OSError, httpx.TransportError) as e:
+            self._totals["errors"] += 1
+            log.warning("placing after %s failed: %s", action, e)
 
     async def _place(
         self,

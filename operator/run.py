@@ -388,6 +388,7 @@ def _measures(
         "samples_duplicated": stats.accepted_twice,
         "samples_failed": counts.get("failed", 0),
         "requeued": sum(r.requeued for r in loop.reports),
+        "actions": {k: loop.totals[k] for k in ("evict", "place", "advance", "admit")},
         "deliveries_stale": stats.arrivals.get("stale", 0),
         "cycle_ms_p50": round(statistics.median(cycles), 2) if cycles else 0.0,
         "cycle_ms_p95": round(percentile(cycles, 0.95), 2),

@@ -96,6 +96,16 @@ def test_an_unknown_policy_in_compare_exits_2(capsys: pytest.CaptureFixture[str]
     assert "unknown policy 'nope'" in capsys.readouterr().err
 
 
+def test_a_folder_that_holds_a_run_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "sync" / "trainer").mkdir(parents=True)
+    assert main(["run", str(EXAMPLE), "--compare", "cadence,sync", "--workdir", str(tmp_path)]) == 2
+    assert capsys.readouterr().err == (
+        f"cadence: error: {tmp_path / 'sync'} already holds a run; give a new --workdir\n"
+    )
+
+
 def test_ctrl_c_stops_every_child_process(tmp_path: Path) -> None:
     workdir = tmp_path / "run"
     run = subprocess.Popen(
