@@ -404,6 +404,23 @@ def _cmd_bench_learn(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_crds(args: argparse.Namespace) -> int:
+    from cadence.operator import crds  # noqa: PLC0415
+
+    if args.check:
+        stale = [
+            name
+            for name, text in crds.rendered().items()
+            if not (args.out / name).is_file() or (args.out / name).read_text() != text
+        ]
+        if stale:
+            raise RunFailed(f"{args.out} is stale ({', '.join(stale)}); run cadence crds")
+        return 0
+    for path in crds.write(args.out):
+        print(path)
+    return 0
+
+
 def _cmd_environment(args: argparse.Namespace) -> int:
     import uvicorn  # noqa: PLC0415
 
@@ -766,6 +783,16 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--port", type=_at_least(1), default=8100)
     t.add_argument("--token-file", type=Path, help="file holding the bearer token")
     t.set_defaults(run=_cmd_trainer)
+
+    cr = sub.add_parser(
+        "crds",
+        help="write the CustomResourceDefinitions generated from the resource models",
+        description="Write the CRDs of RolloutPool, RolloutGroup and TrainingRun, generated "
+        "from the pydantic models cadence run validates with, into --out.",
+    )
+    cr.add_argument("--out", type=Path, default=Path("crds"), help="folder (default: crds)")
+    cr.add_argument("--check", action="store_true", help="exit 1 if --out differs; write nothing")
+    cr.set_defaults(run=_cmd_crds)
 
     env = sub.add_parser(
         "environment",

@@ -19,6 +19,7 @@ from typing import Any, Literal, Self
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic.alias_generators import to_camel
+from pydantic.config import JsonDict
 
 from cadence.operator.scheduler.registry import POLICIES
 from cadence.sim.catalog import ACCELERATORS, MODELS
@@ -61,11 +62,32 @@ class Toleration(_Spec):
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
 
 
-class PoolGroup(_Spec):
-    """Workers of one accelerator type. `replicas` is the initial count; afterwards the
-    group's own resource owns it (an autoscaler may drive it within min/max)."""
+def _rule(rule: str, message: str) -> JsonDict:
+    """A CEL rule the generated CRD carries (x-kubernetes-validations); the pydantic
+    validator next to it checks the same, so both paths refuse the same objects."""
+    return {"rule": rule, "message": message}
 
-    name: str = Field(pattern=DNS_LABEL)
+
+_KNOWN_ACCELERATOR = _rule(
+    "has(self.custom) || self.accelerator in ["
+    + ", ".join(f"'{a}'" for a in sorted(ACCELERATORS))
+    + "]",
+    "accelerator must be a catalog type, or give its figures under custom",
+)
+_REPLICA_BOUNDS = _rule(
+    "self.minReplicas <= self.replicas && self.replicas <= self.maxReplicas",
+    "minReplicas <= replicas <= maxReplicas must hold",
+)
+
+
+class GroupSettings(_Spec):
+    """What a group of workers of one accelerator type runs with (a pool's group and a
+    RolloutGroup share it)."""
+
+    model_config = ConfigDict(
+        json_schema_extra={"x-kubernetes-validations": [_KNOWN_ACCELERATOR, _REPLICA_BOUNDS]}
+    )
+
     accelerator: str = Field(min_length=1)
     custom: CustomAccelerator | None = None
     affinity: int = Field(default=0, ge=0)
@@ -94,8 +116,26 @@ class PoolGroup(_Spec):
         return self
 
 
+class PoolGroup(GroupSettings):
+    """Workers of one accelerator type. `replicas` is the initial count; afterwards the
+    group's own resource (`RolloutGroup`) owns it, so an autoscaler may drive it."""
+
+    name: str = Field(pattern=DNS_LABEL, max_length=63)
+
+
 class RolloutPoolSpec(_Spec):
-    groups: list[PoolGroup] = Field(min_length=1)
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _rule(
+                    "self.groups.all(g, self.groups.exists_one(h, h.name == g.name))",
+                    "group names must be unique",
+                )
+            ]
+        }
+    )
+
+    groups: list[PoolGroup] = Field(min_length=1, max_length=32)
     image: str = "cadence:latest"
     token_secret: str = Field(default="cadence-token", pattern=DNS_LABEL)
 
@@ -119,6 +159,7 @@ class RolloutPool(_Spec):
     kind: Literal["RolloutPool"]
     metadata: Metadata
     spec: RolloutPoolSpec
+    status: RolloutPoolStatus | None = None
 
 
 class ModelRef(_Spec):
@@ -127,7 +168,7 @@ class ModelRef(_Spec):
 
     path: str | None = None
     uri: str | None = None
-    catalog: str = "Qwen3-8B"
+    catalog: str = Field(default="Qwen3-8B", json_schema_extra={"enum": list(MODELS)})
 
     @model_validator(mode="after")
     def _known(self) -> Self:
@@ -153,7 +194,7 @@ class TrainerSpec(_Spec):
 
 
 class SchedulerSpec(_Spec):
-    policy: str = "cadence"
+    policy: str = Field(default="cadence", json_schema_extra={"enum": list(POLICIES)})
     eta: int = Field(default=1, ge=0)
     delta: int = Field(default=16, ge=0)
     h_min: int = Field(default=256, ge=0)
@@ -197,6 +238,99 @@ class TrainingRun(_Spec):
     kind: Literal["TrainingRun"]
     metadata: Metadata
     spec: TrainingRunSpec
+    status: TrainingRunStatus | None = None
+
+
+# --- status, written by the operator -------------------------------------------------------
+
+
+class Condition(_Spec):
+    """A Kubernetes condition: `Ready`, `Progressing` or `Degraded` here."""
+
+    type: str = Field(max_length=64)
+    status: Literal["True", "False", "Unknown"]
+    reason: str = Field(default="", max_length=128)
+    message: str = Field(default="", max_length=1024)
+    last_transition_time: str | None = None
+    observed_generation: int | None = None
+
+
+class GroupStatus(_Spec):
+    name: str
+    ready: int = 0
+    desired: int = 0
+    versions: list[int] = []
+    mean_context: float = 0.0
+    headroom_tokens: int = 0
+
+
+class RolloutPoolStatus(_Spec):
+    ready: str = "0/0"  # ready workers / desired, as `kubectl get` shows it
+    workers: int = 0
+    run: str | None = None  # the TrainingRun it serves
+    versions: str = ""  # policy versions served, e.g. "3,4"
+    tokens_per_second: float = 0.0
+    groups: list[GroupStatus] = []
+    conditions: list[Condition] = []
+
+
+class TrainingRunStatus(_Spec):
+    phase: Literal["Pending", "Waiting", "Running", "Succeeded", "Failed", "Degraded"] = "Pending"
+    policy_version: int = 0
+    step: int = 0
+    tokens_per_second: float = 0.0
+    latency_p50_s: float = 0.0
+    latency_p95_s: float = 0.0
+    tokens_per_dollar: float = 0.0
+    conditions: list[Condition] = []
+
+
+class RolloutGroupSpec(GroupSettings):
+    """One group of a pool as its own resource, owned by the pool. Its `replicas` is the
+    one owner of the group's size once created (the `/scale` subresource points here, so
+    HPA or KEDA may drive it); the pool's `replicas` was only the initial value."""
+
+    pool: str = Field(pattern=DNS_LABEL, max_length=63)
+    group: str = Field(pattern=DNS_LABEL, max_length=63)
+    replicas: int = Field(ge=0)  # always present: /scale reads and writes it
+
+
+class RolloutGroupStatus(_Spec):
+    replicas: int = 0
+    ready_replicas: int = 0
+    selector: str = ""  # the label selector of its pods, for /scale
+    versions: list[int] = []
+    mean_context: float = 0.0
+    headroom_tokens: int = 0
+    pending_tokens: int = 0  # work waiting for a worker of this type
+    pending_trajectories: int = 0
+
+
+class RolloutGroup(_Spec):
+    api_version: Literal["cadence.dev/v1alpha1"]
+    kind: Literal["RolloutGroup"]
+    metadata: Metadata
+    spec: RolloutGroupSpec
+    status: RolloutGroupStatus | None = None
+
+
+def groups_of(pool: RolloutPool) -> list[RolloutGroup]:
+    """The RolloutGroups a pool owns, one per group, named `<pool>-<group>`, starting at
+    the pool's `replicas` (afterwards the RolloutGroup's own `replicas` rules)."""
+    out = []
+    for g in pool.spec.groups:
+        settings = g.model_dump(exclude={"name"})
+        out.append(
+            RolloutGroup(
+                api_version="cadence.dev/v1alpha1",
+                kind="RolloutGroup",
+                metadata=Metadata(
+                    name=f"{pool.metadata.name}-{g.name}", namespace=pool.metadata.namespace
+                ),
+                spec=RolloutGroupSpec(pool=pool.metadata.name, group=g.name, **settings),
+            )
+        )
+    return out
 
 
 def check_pair(pool: RolloutPool, run: TrainingRun) -> None:

@@ -1,0 +1,194 @@
+"""The CRDs in `crds/` are what the resource models generate; their schemas are
+structural, pass `kubernetes-validate` for Kubernetes 1.30, accept the example resources
+and refuse what the models refuse, and every CEL rule compiles and decides as the
+pydantic validator beside it does."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import celpy
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+from celpy.adapter import json_to_cel
+from pydantic import ValidationError
+
+from cadence.operator import crds
+from cadence.operator.cli import main
+from cadence.operator.resources import RolloutGroup, RolloutPool, TrainingRun, groups_of, load
+
+from .openapi import apply_defaults, at, rules, to_json_schema
+
+ROOT = Path(__file__).parents[2]
+EXAMPLE = ROOT / "manifests" / "examples" / "trainingrun.yaml"
+MODELS: dict[str, type[Any]] = {
+    "RolloutPool": RolloutPool,
+    "RolloutGroup": RolloutGroup,
+    "TrainingRun": TrainingRun,
+}
+
+
+def _schemas() -> dict[str, dict[str, Any]]:
+    return {
+        k.name: crds.crd(k)["spec"]["versions"][0]["schema"]["openAPIV3Schema"] for k in crds.KINDS
+    }
+
+
+def _examples() -> dict[str, dict[str, Any]]:
+    pool, _ = load(EXAMPLE)
+    docs = {d["kind"]: d for d in yaml.safe_load_all(EXAMPLE.read_text())}
+    docs["RolloutGroup"] = groups_of(pool)[0].model_dump(by_alias=True, exclude_none=True)
+    return docs
+
+
+def _cel_decides(kind: str, obj: dict[str, Any]) -> list[str]:
+    """The messages of the CEL rules `obj` (defaulted as the API server would) breaks."""
+    schema = _schemas()[kind]
+    obj = apply_defaults(schema, obj)
+    env = celpy.Environment()
+    broken = []
+    for path, rule in rules(schema):
+        program = env.program(env.compile(rule["rule"]))
+        for target in at(obj, path):
+            if not program.evaluate({"self": json_to_cel(target)}):
+                broken.append(rule["message"])
+    return broken
+
+
+def test_the_files_in_crds_are_what_the_models_generate(tmp_path: Path) -> None:
+    for name, text in crds.rendered().items():
+        assert (ROOT / "crds" / name).read_text() == text, f"crds/{name} is stale: cadence crds"
+    assert main(["crds", "--check", "--out", str(ROOT / "crds")]) == 0
+    crds.write(tmp_path)
+    (tmp_path / "trainingruns.cadence.dev.yaml").write_text("# edited\n")
+    assert main(["crds", "--check", "--out", str(tmp_path)]) == 1
+
+
+def test_every_schema_is_structural_and_the_check_finds_what_is_not() -> None:
+    for kind, schema in _schemas().items():
+        assert crds.structural_errors(schema) == [], kind
+    bad = {
+        "type": "object",
+        "properties": {
+            "a": {"anyOf": [{"type": "string"}, {"type": "integer"}]},
+            "b": {"type": "object", "properties": {}, "additionalProperties": {"type": "string"}},
+            "c": {"type": "number", "exclusiveMinimum": 0},
+        },
+    }
+    assert crds.structural_errors(bad) == [
+        ".a: no type",
+        ".a: anyOf is not allowed",
+        ".b: properties and additionalProperties together",
+        ".c: exclusiveMinimum must be a boolean in OpenAPI v3.0",
+    ]
+
+
+def test_every_crd_passes_kubernetes_validate_for_1_30() -> None:
+    for path in sorted((ROOT / "crds").glob("*.yaml")):
+        document = yaml.safe_load(path.read_text())
+        assert kubernetes_validate.validate(document, "1.30", strict=True) == "1.30"
+
+
+def test_the_crds_carry_status_scale_columns_short_names_and_the_category() -> None:
+    by_kind = {k.name: crds.crd(k)["spec"] for k in crds.KINDS}
+    for spec in by_kind.values():
+        version = spec["versions"][0]
+        assert version["subresources"]["status"] == {}
+        assert spec["names"]["categories"] == ["cadence"] and spec["names"]["shortNames"]
+        schema = version["schema"]["openAPIV3Schema"]
+        for column in version["additionalPrinterColumns"]:
+            node = schema
+            for part in column["jsonPath"].lstrip(".").split(".")[:-1]:
+                node = node["properties"][part]
+            if not column["jsonPath"].startswith(".metadata"):
+                assert column["jsonPath"].split(".")[-1] in node["properties"], column
+    scale = by_kind["RolloutGroup"]["versions"][0]["subresources"]["scale"]
+    assert scale == {
+        "specReplicasPath": ".spec.replicas",
+        "statusReplicasPath": ".status.replicas",
+        "labelSelectorPath": ".status.selector",
+    }
+    group_spec = by_kind["RolloutGroup"]["versions"][0]["schema"]["openAPIV3Schema"]
+    assert "replicas" in group_spec["properties"]["spec"]["required"]
+
+
+def test_the_examples_validate_against_the_generated_schemas() -> None:
+    schemas = _schemas()
+    for kind, obj in _examples().items():
+        jsonschema.validate(obj, to_json_schema(schemas[kind]))
+        assert _cel_decides(kind, obj) == [], kind
+
+
+BAD = [
+    ("RolloutPool", ("spec", "groups", 0, "affinity"), -1, None),
+    ("TrainingRun", ("spec", "scheduler", "policy"), "round-robin", None),
+    ("TrainingRun", ("spec", "model", "catalog"), "GPT-9", None),
+    ("RolloutGroup", ("spec", "replicas"), "two", None),
+]
+
+
+@pytest.mark.parametrize(("kind", "path", "value", "_"), BAD)
+def test_the_schemas_refuse_what_the_models_refuse(
+    kind: str, path: tuple[Any, ...], value: Any, _: None
+) -> None:
+    obj = copy.deepcopy(_examples()[kind])
+    node = obj
+    for part in path[:-1]:
+        node = node[part]
+    node[path[-1]] = value
+    with pytest.raises(ValidationError):
+        MODELS[kind].model_validate(obj)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(obj, to_json_schema(_schemas()[kind]))
+
+
+RULE_CASES = [
+    # (kind, change to the example, what the CEL rules say: broken messages)
+    ("RolloutPool", {"groups.1.name": "h800"}, ["group names must be unique"]),
+    (
+        "RolloutPool",
+        {"groups.0.replicas": 70},
+        ["minReplicas <= replicas <= maxReplicas must hold"],
+    ),
+    (
+        "RolloutGroup",
+        {"minReplicas": 3},
+        ["minReplicas <= replicas <= maxReplicas must hold"],
+    ),
+    (
+        "RolloutPool",
+        {"groups.0.accelerator": "TPU-v9"},
+        ["accelerator must be a catalog type, or give its figures under custom"],
+    ),
+    (
+        "RolloutPool",
+        {
+            "groups.0.accelerator": "TPU-v9",
+            "groups.0.custom": {"memoryGb": 96, "bandwidthTbS": 1.6, "bf16Tflops": 459},
+        },
+        [],
+    ),
+]
+
+
+@pytest.mark.parametrize(("kind", "change", "broken"), RULE_CASES)
+def test_each_cel_rule_decides_as_the_model_does(
+    kind: str, change: dict[str, Any], broken: list[str]
+) -> None:
+    obj = copy.deepcopy(_examples()[kind])
+    for dotted, value in change.items():
+        node = obj["spec"]
+        *parents, leaf = dotted.split(".")
+        for part in parents:
+            node = node[int(part)] if part.isdigit() else node[part]
+        node[leaf] = value
+    assert _cel_decides(kind, obj) == broken
+    if broken:
+        with pytest.raises(ValidationError):
+            MODELS[kind].model_validate(obj)
+    else:
+        MODELS[kind].model_validate(obj)
