@@ -1,0 +1,337 @@
+"""The Kubernetes objects the operator owns, as pure functions of the resources: a pool's
+RolloutGroups, its headless Service and token Secret; a group's worker pods; a run's
+trainer ConfigMap, StatefulSet and Service. No I/O here: the kopf handlers
+(`operator/handlers.py`) compare these with what exists and create, patch or delete.
+
+Worker pods are made by the operator rather than a Deployment so that scale-in can pick
+which pod goes (`scale_in_order`), as KubeRay's `workersToDelete` does: never the last
+worker of a version with unfinished work; among the rest, a concentration source first,
+then the emptiest.
+"""
+
+from __future__ import annotations
+
+import base64
+import secrets
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cadence.operator.resources import (
+    RolloutGroup,
+    RolloutPool,
+    TrainingRun,
+    groups_of,
+)
+from cadence.trainer.trainer import TrainerConfig
+
+CONTROL_PORT = 8000
+TRAINER_PORT = 8100
+TOKEN_KEY = "token"
+DRAIN_GRACE_S = 60  # a worker drains (hands its parked work back) within this
+TRAINER_STATE = "/var/lib/cadence"
+MODELS_DIR = "/models"
+
+
+def owner(obj: Mapping[str, Any], *, controller: bool = True) -> dict[str, Any]:
+    """An ownerReference to `obj` (a dict as the API server returns it)."""
+    return {
+        "apiVersion": obj["apiVersion"],
+        "kind": obj["kind"],
+        "name": obj["metadata"]["name"],
+        "uid": obj["metadata"]["uid"],
+        "controller": controller,
+        "blockOwnerDeletion": True,
+    }
+
+
+def labels(pool: str, component: str, **extra: str) -> dict[str, str]:
+    return {
+        "app.kubernetes.io/name": f"cadence-{component}",
+        "app.kubernetes.io/instance": pool,
+        "app.kubernetes.io/component": component,
+        "app.kubernetes.io/part-of": "cadence",
+        "app.kubernetes.io/managed-by": "cadence-operator",
+        "cadence.dev/pool": pool,
+        **extra,
+    }
+
+
+def group_selector(group: RolloutGroup) -> str:
+    """The label selector of a group's pods, as /scale reports it."""
+    return f"cadence.dev/pool={group.spec.pool},cadence.dev/group={group.spec.group}"
+
+
+def rollout_groups(pool: RolloutPool, pool_obj: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The pool's RolloutGroups, owned by it; created once, never overwritten (their
+    `replicas` is theirs after that)."""
+    out = []
+    for g in groups_of(pool):
+        body = g.model_dump(by_alias=True, exclude_none=True, mode="json")
+        body["metadata"]["ownerReferences"] = [owner(pool_obj)]
+        body["metadata"]["labels"] = labels(pool.metadata.name, "group")
+        out.append(body)
+    return out
+
+
+def headless_service(pool: RolloutPool, pool_obj: Mapping[str, Any]) -> dict[str, Any]:
+    """Stable DNS for workers (`<pod>.<pool>-workers`), for peers pulling parked state."""
+    name = pool.metadata.name
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {
+            "name": f"{name}-workers",
+            "namespace": pool.metadata.namespace,
+            "labels": labels(name, "worker"),
+            "ownerReferences": [owner(pool_obj)],
+        },
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,  # a draining worker still serves claims
+            "selector": {"cadence.dev/pool": name, "app.kubernetes.io/component": "worker"},
+            "ports": [{"name": "control", "port": CONTROL_PORT, "targetPort": "control"}],
+        },
+    }
+
+
+def token_secret(pool: RolloutPool, pool_obj: Mapping[str, Any]) -> dict[str, Any]:
+    """The pool's bearer token, made once (a fresh random value)."""
+    token = base64.b64encode(secrets.token_hex(32).encode()).decode()
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {
+            "name": pool.spec.token_secret,
+            "namespace": pool.metadata.namespace,
+            "labels": labels(pool.metadata.name, "token"),
+            "ownerReferences": [owner(pool_obj)],
+        },
+        "type": "Opaque",
+        "data": {TOKEN_KEY: token},
+    }
+
+
+def worker_pod(
+    pool: RolloutPool,
+    group: RolloutGroup,
+    group_obj: Mapping[str, Any],
+    run: TrainingRun,
+    index: int,
+) -> dict[str, Any]:
+    g, name = group.spec, pool.metadata.name
+    pod = f"{group.metadata.name}-{index}"
+    accelerator_labels = {
+        "cadence.dev/group": g.group,
+        "cadence.dev/accelerator": g.accelerator,
+        "cadence.dev/affinity-rank": str(g.affinity),
+    }
+    args = [
+        "worker",
+        *("--id", pod, "--engine", "vllm", "--host", "0.0.0.0", "--port", str(CONTROL_PORT)),
+        *("--accelerator", g.accelerator, "--affinity", str(g.affinity)),
+        *(
+            "--model",
+            run.spec.model.catalog,
+            "--model-path",
+            f"{MODELS_DIR}/{run.spec.model.catalog}",
+        ),
+        *("--max-model-len", str(g.engine.max_model_len), "--grace-s", str(DRAIN_GRACE_S - 10)),
+        *("--trainer-url", trainer_url(run)),
+    ]
+    turns = run.spec.multi_turn
+    if turns.environment is not None and turns.environment != "calculator":
+        args += ["--env-url", turns.environment, "--env-timeout-s", str(turns.timeout_s)]
+    devices = dict(g.resources)
+    spec: dict[str, Any] = {
+        "hostname": pod,
+        "subdomain": f"{name}-workers",
+        "terminationGracePeriodSeconds": DRAIN_GRACE_S,
+        "containers": [
+            {
+                "name": "worker",
+                "image": pool.spec.image,
+                "args": args,
+                "ports": [{"name": "control", "containerPort": CONTROL_PORT}],
+                "env": [
+                    {
+                        "name": "CADENCE_TOKEN",
+                        "valueFrom": {
+                            "secretKeyRef": {"name": pool.spec.token_secret, "key": TOKEN_KEY}
+                        },
+                    }
+                ],
+                "resources": {"requests": devices, "limits": devices},
+                "readinessProbe": {
+                    "httpGet": {"path": "/readyz", "port": "control"},
+                    "periodSeconds": 5,
+                },
+                "livenessProbe": {
+                    "httpGet": {"path": "/healthz", "port": "control"},
+                    "periodSeconds": 10,
+                    "failureThreshold": 6,
+                },
+            }
+        ],
+    }
+    if g.node_selector:
+        spec["nodeSelector"] = dict(g.node_selector)
+    if g.tolerations:
+        spec["tolerations"] = [t.model_dump(exclude_none=True) for t in g.tolerations]
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": pod,
+            "namespace": group.metadata.namespace,
+            "labels": labels(name, "worker", **accelerator_labels),
+            "ownerReferences": [owner(group_obj)],
+        },
+        "spec": spec,
+    }
+
+
+def trainer_name(run: TrainingRun) -> str:
+    return f"{run.metadata.name}-trainer"
+
+
+def trainer_url(run: TrainingRun) -> str:
+    return f"http://{trainer_name(run)}.{run.metadata.namespace}.svc:{TRAINER_PORT}"
+
+
+def trainer_config(run: TrainingRun) -> TrainerConfig:
+    s = run.spec
+    return TrainerConfig(
+        model_path=Path(MODELS_DIR, s.model.catalog),
+        state_dir=Path(TRAINER_STATE),
+        task=s.dataset.task,
+        group_size=s.batch.samples_per_prompt,
+        batch_groups=s.batch.prompts_per_batch,
+        iterations=s.batch.iterations,
+        eta=s.scheduler.eta,
+        learning_rate=s.trainer.learning_rate,
+        clip_eps=s.trainer.clip_eps,
+        epochs=s.trainer.epochs,
+        advantages=s.trainer.advantages,
+        max_tokens=s.batch.max_tokens,
+        temperature=s.batch.temperature,
+    )
+
+
+def trainer_objects(
+    run: TrainingRun, run_obj: Mapping[str, Any], pool: RolloutPool
+) -> list[dict[str, Any]]:
+    """The trainer's ConfigMap (its TrainerConfig), StatefulSet (ledger and weights on a
+    PersistentVolumeClaim) and Service."""
+    name, ns = trainer_name(run), run.metadata.namespace
+    meta = {"namespace": ns, "labels": labels(pool.metadata.name, "trainer")}
+    refs = [owner(run_obj)]
+    selector = {"cadence.dev/run": run.metadata.name, "app.kubernetes.io/component": "trainer"}
+    pod_labels = {**labels(pool.metadata.name, "trainer"), "cadence.dev/run": run.metadata.name}
+    devices = dict(run.spec.trainer.resources)
+    return [
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": name, **meta, "ownerReferences": refs},
+            "data": {"trainer.json": trainer_config(run).model_dump_json(indent=2)},
+        },
+        {
+            "apiVersion": "apps/v1",
+            "kind": "StatefulSet",
+            "metadata": {"name": name, **meta, "ownerReferences": refs},
+            "spec": {
+                "replicas": 1,
+                "serviceName": name,
+                "selector": {"matchLabels": selector},
+                "template": {
+                    "metadata": {"labels": pod_labels},
+                    "spec": {
+                        "containers": [
+                            {
+                                "name": "trainer",
+                                "image": run.spec.trainer.image or pool.spec.image,
+                                "args": [
+                                    "trainer",
+                                    *("--config", "/etc/cadence/trainer.json"),
+                                    *("--host", "0.0.0.0", "--port", str(TRAINER_PORT)),
+                                ],
+                                "ports": [{"name": "http", "containerPort": TRAINER_PORT}],
+                                "env": [
+                                    {
+                                        "name": "CADENCE_TOKEN",
+                                        "valueFrom": {
+                                            "secretKeyRef": {
+                                                "name": pool.spec.token_secret,
+                                                "key": TOKEN_KEY,
+                                            }
+                                        },
+                                    }
+                                ],
+                                "resources": {"requests": devices, "limits": devices},
+                                "readinessProbe": {"httpGet": {"path": "/healthz", "port": "http"}},
+                                "volumeMounts": [
+                                    {"name": "state", "mountPath": TRAINER_STATE},
+                                    {"name": "config", "mountPath": "/etc/cadence"},
+                                ],
+                            }
+                        ],
+                        "volumes": [{"name": "config", "configMap": {"name": name}}],
+                    },
+                },
+                "volumeClaimTemplates": [
+                    {
+                        "metadata": {"name": "state"},
+                        "spec": {
+                            "accessModes": ["ReadWriteOnce"],
+                            "resources": {"requests": {"storage": "20Gi"}},
+                        },
+                    }
+                ],
+            },
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": name, **meta, "ownerReferences": refs},
+            "spec": {
+                "selector": selector,
+                "ports": [{"name": "http", "port": TRAINER_PORT, "targetPort": "http"}],
+            },
+        },
+    ]
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerView:
+    """What scale-in needs to know of one worker pod."""
+
+    pod: str
+    version: int | None
+    resident_tokens: int
+    residents: int
+    source: bool = False  # a concentration source (departure-only)
+
+
+def choose_for_scale_in(
+    workers: Sequence[WorkerView], unfinished_versions: set[int], count: int
+) -> list[str]:
+    """Up to `count` pods to remove, one at a time (DESIGN.md): never the last non-source
+    worker of a version with unfinished work; among the rest, a concentration source
+    first, then the emptiest (fewest resident tokens), then by name. Fewer than `count`
+    when the rule protects the rest: the caller waits for work to finish."""
+    left, chosen = list(workers), list[str]()
+    while len(chosen) < count:
+        protected = set()
+        for v in unfinished_versions:
+            serving = [w for w in left if w.version == v and not w.source]
+            if len(serving) == 1:
+                protected.add(serving[0].pod)
+        candidates = [w for w in left if w.pod not in protected]
+        if not candidates:
+            break
+        pick = min(candidates, key=lambda w: (not w.source, w.resident_tokens, w.residents, w.pod))
+        chosen.append(pick.pod)
+        left.remove(pick)
+    return chosen

@@ -1,0 +1,127 @@
+"""What the operator creates for a pool and a run: RolloutGroups owned by the pool,
+worker pods with the labels, device requests, selectors, probes and grace a cluster needs,
+the headless Service, token Secret and the trainer's objects, all valid for Kubernetes
+1.30; and which worker pod scale-in removes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+
+from cadence.operator import children
+from cadence.operator.children import WorkerView, choose_for_scale_in
+from cadence.operator.resources import RolloutGroup, load
+
+EXAMPLE = Path(__file__).parents[2] / "manifests" / "examples" / "heterogeneous.yaml"
+
+
+def _with_uid(model: Any, uid: str) -> dict[str, Any]:
+    obj: dict[str, Any] = model.model_dump(by_alias=True, exclude_none=True, mode="json")
+    obj["metadata"]["uid"] = uid
+    return obj
+
+
+def _valid(obj: dict[str, Any]) -> None:
+    assert kubernetes_validate.validate(obj, "1.30", strict=True) == "1.30"
+
+
+def test_a_pool_owns_one_rollout_group_per_group_at_its_initial_size() -> None:
+    pool, _ = load(EXAMPLE)
+    groups = children.rollout_groups(pool, _with_uid(pool, "pool-uid"))
+    assert [(g["metadata"]["name"], g["spec"]["replicas"]) for g in groups] == [
+        ("fleet-h800", 8),
+        ("fleet-a910x", 16),
+        ("fleet-bi-v150", 16),
+    ]
+    for g in groups:
+        RolloutGroup.model_validate(g)
+        (ref,) = g["metadata"]["ownerReferences"]
+        assert (ref["kind"], ref["name"], ref["uid"], ref["controller"]) == (
+            "RolloutPool",
+            "fleet",
+            "pool-uid",
+            True,
+        )
+
+
+def test_a_worker_pod_carries_labels_devices_selectors_probes_and_a_drain_grace() -> None:
+    pool, run = load(EXAMPLE)
+    group = RolloutGroup.model_validate(children.rollout_groups(pool, _with_uid(pool, "p"))[1])
+    pod = children.worker_pod(pool, group, _with_uid(group, "group-uid"), run, 3)
+    _valid(pod)
+    meta, spec = pod["metadata"], pod["spec"]
+    assert meta["name"] == "fleet-a910x-3"
+    assert (
+        meta["labels"] | {} == meta["labels"]
+        and {
+            "app.kubernetes.io/component": "worker",
+            "app.kubernetes.io/part-of": "cadence",
+            "cadence.dev/pool": "fleet",
+            "cadence.dev/accelerator": "A910X",
+            "cadence.dev/affinity-rank": "2",
+        }.items()
+        <= meta["labels"].items()
+    )
+    assert meta["ownerReferences"][0]["uid"] == "group-uid"
+    (container,) = spec["containers"]
+    assert container["resources"]["requests"] == {"huawei.com/Ascend910": "1"}
+    assert container["resources"]["limits"] == {"huawei.com/Ascend910": "1"}
+    assert spec["tolerations"] == [
+        {"key": "huawei.com/Ascend910", "operator": "Exists", "effect": "NoSchedule"}
+    ]
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    grace = int(container["args"][container["args"].index("--grace-s") + 1])
+    assert spec["terminationGracePeriodSeconds"] > grace  # the drain fits in the grace
+    assert container["env"][0]["valueFrom"]["secretKeyRef"]["name"] == "cadence-token"
+    args = container["args"]
+    assert args[args.index("--trainer-url") + 1] == "http://math-grpo-trainer.default.svc:8100"
+    assert args[args.index("--env-url") + 1] == "http://sandbox.tools.svc:8080"
+    h800 = RolloutGroup.model_validate(children.rollout_groups(pool, _with_uid(pool, "p"))[0])
+    h800_pod = children.worker_pod(pool, h800, _with_uid(h800, "g"), run, 0)
+    assert h800_pod["spec"]["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H800"}
+
+
+def test_the_pool_and_run_objects_are_valid_kubernetes_objects() -> None:
+    pool, run = load(EXAMPLE)
+    pool_obj, run_obj = _with_uid(pool, "p"), _with_uid(run, "r")
+    _valid(children.headless_service(pool, pool_obj))
+    secret = children.token_secret(pool, pool_obj)
+    _valid(secret)
+    assert secret["data"] != children.token_secret(pool, pool_obj)["data"]  # random
+    objects = children.trainer_objects(run, run_obj, pool)
+    assert [o["kind"] for o in objects] == ["ConfigMap", "StatefulSet", "Service"]
+    for o in objects:
+        _valid(o)
+    config = json.loads(objects[0]["data"]["trainer.json"])
+    assert (config["group_size"], config["batch_groups"], config["eta"]) == (16, 512, 1)
+    assert config["state_dir"] == "/var/lib/cadence"
+    claim = objects[1]["spec"]["volumeClaimTemplates"][0]
+    assert claim["spec"]["accessModes"] == ["ReadWriteOnce"]
+
+
+W = WorkerView
+
+
+@pytest.mark.parametrize(
+    ("workers", "unfinished", "count", "chosen"),
+    [
+        # The emptiest goes first.
+        ([W("a", 1, 900, 3), W("b", 1, 100, 1), W("c", 1, 500, 2)], {1}, 1, ["b"]),
+        # A concentration source goes before any other.
+        ([W("a", 1, 10, 1), W("b", 2, 900, 3, source=True), W("c", 2, 5, 1)], {1, 2}, 1, ["b"]),
+        # Never the last non-source worker of a version with unfinished work ...
+        ([W("a", 1, 0, 0), W("b", 2, 500, 2), W("c", 2, 600, 2)], {1, 2}, 2, ["b"]),
+        # ... but a version with nothing unfinished protects nothing.
+        ([W("a", 1, 0, 0), W("b", 2, 500, 2)], {2}, 1, ["a"]),
+        # One at a time: the second of two workers of v becomes the last, and stays.
+        ([W("a", 3, 50, 1), W("b", 3, 60, 1)], {3}, 2, ["a"]),
+    ],
+)
+def test_scale_in_chooses_by_the_design_rule(
+    workers: list[WorkerView], unfinished: set[int], count: int, chosen: list[str]
+) -> None:
+    assert choose_for_scale_in(workers, unfinished, count) == chosen
