@@ -404,6 +404,20 @@ def _cmd_bench_learn(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_operator(args: argparse.Namespace) -> int:
+    if args.all_namespaces == bool(args.namespace):
+        raise UsageError("give --all-namespaces or one or more --namespace")
+    from cadence.operator.serve import serve  # noqa: PLC0415
+
+    serve(
+        namespaces=args.namespace or [],
+        server=args.server,
+        metrics_port=args.metrics_port,
+        health_port=args.health_port,
+    )
+    return 0
+
+
 def _cmd_crds(args: argparse.Namespace) -> int:
     from cadence.operator import crds  # noqa: PLC0415
 
@@ -783,6 +797,20 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--port", type=_at_least(1), default=8100)
     t.add_argument("--token-file", type=Path, help="file holding the bearer token")
     t.set_defaults(run=_cmd_trainer)
+
+    op = sub.add_parser(
+        "operator",
+        help="run the Kubernetes operator (kopf): pools, groups and runs reconciled",
+        description="Reconcile RolloutPools, RolloutGroups and TrainingRuns: worker pods "
+        "per group, the trainer per run, statuses and Events. In a pod it uses the service "
+        "account; --server points it at another API server.",
+    )
+    op.add_argument("--namespace", action="append", help="watch this namespace (repeatable)")
+    op.add_argument("--all-namespaces", action="store_true", help="watch every namespace")
+    op.add_argument("--server", help="API server URL (default: in-cluster)")
+    op.add_argument("--metrics-port", type=_at_least(1), default=9090)
+    op.add_argument("--health-port", type=_at_least(1), default=8080)
+    op.set_defaults(run=_cmd_operator)
 
     cr = sub.add_parser(
         "crds",

@@ -1,0 +1,248 @@
+"""The operator's reconcilers and their kopf handlers.
+
+Each reconciler reads one resource, validates it with the same pydantic model `cadence
+run` uses, makes what it owns exist (`children.py` says what) and returns the status to
+write. An invalid resource is not an error to retry: it gets `Degraded` with the field
+and the reason, and an Event, and nothing else happens to it or to any other resource.
+
+- RolloutPool: its RolloutGroups (created once; afterwards each group's `replicas` is
+  the one owner of its size), the workers' headless Service, the token Secret.
+- RolloutGroup: worker pods up to `spec.replicas` while its pool serves a run (a pod
+  needs the run's model); above it, pods chosen by `children.choose_for_scale_in` are
+  deleted, and their SIGTERM drains them. Status: replicas, ready, the selector /scale
+  reports.
+- TrainingRun: binds its pool (one run per pool; a second waits with a condition
+  saying why), and makes the trainer's ConfigMap, StatefulSet and Service.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import kopf
+from pydantic import BaseModel, ValidationError
+
+from cadence.operator import children
+from cadence.operator.kube import Kube, path
+from cadence.operator.resources import (
+    API_VERSION,
+    GROUP,
+    VERSION,
+    RolloutGroup,
+    RolloutPool,
+    TrainingRun,
+)
+
+Status = dict[str, Any]
+Events = list[tuple[str, str]]  # (reason, message) for the handler to publish
+
+
+def pod_endpoint(pod: Mapping[str, Any]) -> str | None:
+    """A worker pod's control URL, from its IP."""
+    ip = (pod.get("status") or {}).get("podIP")
+    return f"http://{ip}:{children.CONTROL_PORT}" if ip else None
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def condition(kind: str, true: bool, reason: str, message: str = "") -> dict[str, Any]:
+    return {
+        "type": kind,
+        "status": "True" if true else "False",
+        "reason": reason,
+        "message": message,
+        "lastTransitionTime": _now(),
+    }
+
+
+class Invalid(Exception):
+    """A resource its model refuses; the message names the field and the reason."""
+
+
+def validated(model: type[BaseModel], body: Mapping[str, Any]) -> Any:
+    obj = {k: body[k] for k in ("apiVersion", "kind", "metadata", "spec") if k in body}
+    obj["metadata"] = {
+        k: v for k, v in body["metadata"].items() if k in ("name", "namespace", "labels")
+    }
+    try:
+        return model.model_validate(obj)
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        message = str(first["msg"]).removeprefix("Value error, ")
+        raise Invalid(f"{where}: {message}" if where else message) from None
+
+
+def _ready(pod: Mapping[str, Any]) -> bool:
+    for c in (pod.get("status") or {}).get("conditions") or []:
+        if c.get("type") == "Ready":
+            return bool(c.get("status") == "True")
+    return False
+
+
+@dataclass
+class Reconciler:
+    kube: Kube
+    endpoint: Callable[[Mapping[str, Any]], str | None] = pod_endpoint
+
+    def _pool_url(self, namespace: str, name: str | None = None) -> str:
+        return path(API_VERSION, "rolloutpools", namespace, name)
+
+    async def pool(self, body: Mapping[str, Any], events: Events) -> Status:
+        pool: RolloutPool = validated(RolloutPool, body)
+        for group in children.rollout_groups(pool, body):
+            _, created = await self.kube.ensure(group)
+            if created:
+                events.append(("Created", f"RolloutGroup {group['metadata']['name']}"))
+        await self.kube.ensure(children.headless_service(pool, body))
+        await self.kube.ensure(children.token_secret(pool, body))
+        ns = pool.metadata.namespace
+        groups = await self.kube.list(
+            path(API_VERSION, "rolloutgroups", ns), {"cadence.dev/pool": pool.metadata.name}
+        )
+        ready = sum((g.get("status") or {}).get("readyReplicas", 0) for g in groups)
+        desired = sum(g["spec"]["replicas"] for g in groups)
+        workers = sum((g.get("status") or {}).get("replicas", 0) for g in groups)
+        versions = sorted({v for g in groups for v in (g.get("status") or {}).get("versions", [])})
+        return {
+            "ready": f"{ready}/{desired}",
+            "workers": workers,
+            "versions": ",".join(str(v) for v in versions),
+            "groups": [
+                {
+                    "name": g["spec"]["group"],
+                    "ready": (g.get("status") or {}).get("readyReplicas", 0),
+                    "desired": g["spec"]["replicas"],
+                    "versions": (g.get("status") or {}).get("versions", []),
+                }
+                for g in groups
+            ],
+            "conditions": [
+                condition("Ready", ready == desired and desired > 0, "Workers"),
+                condition("Progressing", ready != desired, "Scaling"),
+                condition("Degraded", False, "Valid"),
+            ],
+        }
+
+    async def group(self, body: Mapping[str, Any], events: Events) -> Status:
+        group: RolloutGroup = validated(RolloutGroup, body)
+        ns, g = group.metadata.namespace, group.spec
+        pool_obj = await self.kube.get(self._pool_url(ns, g.pool))
+        run_name = ((pool_obj or {}).get("status") or {}).get("run")
+        run_obj = (
+            await self.kube.get(path(API_VERSION, "trainingruns", ns, run_name))
+            if run_name
+            else None
+        )
+        selector = {"cadence.dev/pool": g.pool, "cadence.dev/group": g.group}
+        pods = await self.kube.list(path("v1", "pods", ns), selector)
+        live = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+        desired = g.replicas if pool_obj is not None and run_obj is not None else 0
+        if len(live) < desired:
+            assert pool_obj is not None and run_obj is not None
+            pool: RolloutPool = validated(RolloutPool, pool_obj)
+            run: TrainingRun = validated(TrainingRun, run_obj)
+            taken = {p["metadata"]["name"] for p in live}
+            index = 0
+            while len(live) < desired:
+                name = f"{group.metadata.name}-{index}"
+                if name not in taken:
+                    pod, _ = await self.kube.ensure(
+                        children.worker_pod(pool, group, body, run, index)
+                    )
+                    live.append(pod)
+                index += 1
+        elif len(live) > desired:
+            views = [
+                children.WorkerView(p["metadata"]["name"], None, 0, 0) for p in live
+            ]  # without the loop's view: the emptiest is unknown, names decide
+            for name in children.choose_for_scale_in(views, set(), len(live) - desired):
+                await self.kube.delete(path("v1", "pods", ns, name))
+                events.append(("ScaledIn", f"pod {name} drains and goes"))
+                live = [p for p in live if p["metadata"]["name"] != name]
+        return {
+            "replicas": len(live),
+            "readyReplicas": sum(_ready(p) for p in live),
+            "selector": children.group_selector(group),
+        }
+
+    async def run(self, body: Mapping[str, Any], events: Events) -> Status:
+        run: TrainingRun = validated(TrainingRun, body)
+        ns, name = run.metadata.namespace, run.metadata.name
+        pool_obj = await self.kube.get(self._pool_url(ns, run.spec.pool))
+        if pool_obj is None:
+            return {
+                "phase": "Waiting",
+                "conditions": [
+                    condition("Ready", False, "PoolMissing", f"no RolloutPool {run.spec.pool}")
+                ],
+            }
+        bound = (pool_obj.get("status") or {}).get("run")
+        if bound and bound != name:
+            return {
+                "phase": "Waiting",
+                "conditions": [
+                    condition(
+                        "Ready",
+                        False,
+                        "PoolBusy",
+                        f"RolloutPool {run.spec.pool} serves TrainingRun {bound}; one at a time",
+                    )
+                ],
+            }
+        if bound != name:
+            await self.kube.patch(
+                self._pool_url(ns, run.spec.pool) + "/status", {"status": {"run": name}}
+            )
+            events.append(("Bound", f"RolloutPool {run.spec.pool}"))
+        pool: RolloutPool = validated(RolloutPool, pool_obj)
+        for obj in children.trainer_objects(run, body, pool):
+            await self.kube.ensure(obj)
+        return {
+            "phase": "Running",
+            "conditions": [
+                condition("Ready", True, "Bound", f"RolloutPool {run.spec.pool}"),
+                condition("Degraded", False, "Valid"),
+            ],
+        }
+
+
+def register(registry: kopf.OperatorRegistry, reconciler: Reconciler) -> None:
+    """The kopf handlers, on `registry` (tests pass a fresh one)."""
+
+    def handle(kind: str, call: Callable[[Mapping[str, Any], Events], Any]) -> Callable[..., Any]:
+        async def handler(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
+            events: Events = []
+            try:
+                status = await call(body, events)
+            except Invalid as e:
+                patch.status["conditions"] = [
+                    condition("Degraded", True, "Invalid", str(e)),
+                    condition("Ready", False, "Invalid", str(e)),
+                ]
+                if kind == "trainingruns":
+                    patch.status["phase"] = "Degraded"
+                kopf.warn(body, reason="Invalid", message=str(e))
+                return
+            patch.status.update(status)
+            for reason, message in events:
+                kopf.info(body, reason=reason, message=message)
+
+        return handler
+
+    for plural, call in (
+        ("rolloutpools", reconciler.pool),
+        ("rolloutgroups", reconciler.group),
+        ("trainingruns", reconciler.run),
+    ):
+        handler = handle(plural, call)
+        resource = (GROUP, VERSION, plural)
+        kopf.on.resume(*resource, id=f"{plural}-resume", registry=registry)(handler)
+        kopf.on.create(*resource, id=f"{plural}-create", registry=registry)(handler)
+        kopf.on.update(*resource, id=f"{plural}-update", field="spec", registry=registry)(handler)
+        kopf.timer(*resource, id=f"{plural}-timer", interval=5.0, registry=registry)(handler)

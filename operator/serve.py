@@ -1,0 +1,52 @@
+"""`cadence operator`: the kopf operator as its Deployment runs it. In a pod it logs in
+with the pod's service account; `--server URL` points it at another API server (a local
+emulator, a proxied cluster). Liveness is kopf's own endpoint; metrics are served by
+prometheus-client on `--metrics-port`."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import kopf
+from prometheus_client import start_http_server
+
+from cadence.operator.handlers import Reconciler, register
+from cadence.operator.kube import Kube
+
+
+def operator_registry(kube: Kube, server: str | None) -> kopf.OperatorRegistry:
+    registry = kopf.OperatorRegistry()
+
+    @kopf.on.login(registry=registry)
+    def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+        if server is not None:
+            return kopf.ConnectionInfo(server=server, insecure=True)
+        return kopf.login_with_service_account(**kwargs)
+
+    register(registry, Reconciler(kube))
+    return registry
+
+
+def serve(
+    *,
+    namespaces: list[str],
+    server: str | None,
+    metrics_port: int,
+    health_port: int,
+) -> None:
+    async def main() -> None:
+        kube = Kube(server) if server is not None else Kube.in_cluster()
+        try:
+            await kopf.operator(
+                registry=operator_registry(kube, server),
+                standalone=True,
+                clusterwide=not namespaces,
+                namespaces=namespaces,
+                liveness_endpoint=f"http://0.0.0.0:{health_port}/healthz",
+            )
+        finally:
+            await kube.aclose()
+
+    start_http_server(metrics_port)
+    asyncio.run(main())

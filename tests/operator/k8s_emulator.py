@@ -1,0 +1,484 @@
+"""Test code: an in-memory Kubernetes API server for the operator's tests, not product code.
+
+No kube-apiserver can run on the test machines (see ../shared/notes/kubernetes-emulator.md),
+so the tests talk to `kmock.KubernetesEmulator`, a stateful in-memory Kubernetes API over
+aiohttp. kmock 0.8 falls short of what kopf and `kubectl` (v1.32) need, and the subclass
+below closes those gaps:
+
+- `/api/v1/namespaces` and `/api/v1/namespaces/NAME` are parsed as Namespace requests
+  (kmock reads `namespaces` as the namespace prefix of a resource path); the emulator
+  starts with the bundled built-in kinds and a `default` Namespace, which kopf waits for.
+- objects get `uid`, `resourceVersion`, `creationTimestamp` and `generation` (and
+  `namespace` from the URL); patches bump `resourceVersion`, and `generation` when
+  anything but metadata and status changes.
+- lists carry `kind`/`apiVersion`/`resourceVersion`; core discovery says
+  `groupVersion: v1`, not `/v1`; subresource entries drop the parent's short names and
+  categories, and `*/scale` is announced as `autoscaling/v1 Scale`.
+- watch streams are served as `application/json`, not octet-stream (kubectl refuses it).
+- creating a CustomResourceDefinition registers its resources and marks it Established.
+- a request accepting `as=Table` (what `kubectl get` sends) gets a `meta.k8s.io/v1`
+  Table rendered from the CRD's `additionalPrinterColumns` (dotted json paths only),
+  which a real API server does and kmock does not.
+- `/scale` is mapped through the CRD's `specReplicasPath`, `statusReplicasPath` and
+  `labelSelectorPath`: GET returns an `autoscaling/v1` Scale, PATCH/PUT of
+  `spec.replicas` writes the object's replicas field.
+
+Still missing: label and field selectors, server-side apply, OpenAPI (apply with
+`kubectl --validate=false`), protobuf, PUT of whole objects, real `/status` semantics
+(a status patch is a plain patch of the object), CRD deletion unregistering resources.
+
+`serve()` runs an emulator on 127.0.0.1 in a thread with its own event loop, so that
+synchronous tests, `kubectl` and a kopf operator in yet another thread can all use it;
+`write_kubeconfig()` points `kubectl` at it; `call()` is a small JSON client for tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import copy
+import datetime
+import json
+import re
+import threading
+import urllib.error
+import urllib.request
+import uuid
+import warnings
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp.web
+import attrs
+import kmock
+from kmock._internal.dicts import patch_dict
+
+CRDS = kmock.resource("apiextensions.k8s.io", "v1", "customresourcedefinitions")
+NAMESPACES = kmock.resource("", "v1", "namespaces")
+VERBS = {"create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"}
+NAME_COLUMN = {"name": "Name", "type": "string", "format": "name", "description": "", "priority": 0}
+AGE_COLUMN = {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}
+_NAMESPACE_PATH = re.compile(r"/api/v1/namespaces(?:/([^/]+))?/?")
+_ALL = "/api/v1/namespaces/*"
+_SCALE_WRITES = {kmock.method.PATCH, kmock.method.PUT}
+_WRITES = {
+    kmock.method.POST: kmock.action.CREATE,
+    kmock.method.PATCH: kmock.action.UPDATE,
+    kmock.method.DELETE: kmock.action.DELETE,
+}
+
+
+@attrs.define(kw_only=True)
+class KubernetesEmulator(kmock.KubernetesEmulator):
+    """kmock's emulator with the gaps named in the module docstring closed."""
+
+    _revision: int = attrs.field(default=0, init=False)
+
+    def __attrs_post_init__(self) -> None:
+        super().__attrs_post_init__()
+        # Above kmock's own fallback for watches, below anything a test declares.
+        watch = (self.fallback**1)[kmock.action.WATCH]
+        watch << kmock.headers({"Content-Type": "application/json"}) << self._serve_watch
+        with warnings.catch_warnings():  # kmock reads its bundle with a deprecated call
+            warnings.simplefilter("ignore", DeprecationWarning)
+            self.resources.load_bundled()
+        self.objects[NAMESPACES, None, "default"] = self._stamp(
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "default"}}
+        )
+
+    # --- requests: fix the parsing, stamp the metadata, then let kmock store them ---
+
+    async def __call__(self, raw_request: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
+        # kmock fails to parse the bare /api/v1/namespaces (it takes "namespaces" for the
+        # prefix of a namespaced path): hand it over as /api/v1/namespaces/*, which kmock
+        # parses as a namespace "*" and _reparse() reads back as the collection.
+        if raw_request.path.rstrip("/") == "/api/v1/namespaces":
+            rel_url = raw_request.rel_url.with_path(_ALL).with_query(raw_request.query)
+            raw_request = raw_request.clone(rel_url=rel_url)
+        return await super().__call__(raw_request)
+
+    async def _handle(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
+        self._reparse(request)
+        if request.subresource == "scale" and request.method in _SCALE_WRITES:
+            _amend(request, action=kmock.action.UPDATE, data=self._scale_to_object_patch(request))
+        if request.action == kmock.action.CREATE and isinstance(request.data, dict):
+            self._stamp(request.data, namespace=request.namespace)
+            if request.resource == CRDS:
+                self._register_crd(request.data)
+        elif request.action == kmock.action.UPDATE:
+            self._stamp_patch(request)
+        return await super()._handle(request)
+
+    def _reparse(self, request: kmock.Request) -> None:
+        """Read /api/v1/namespaces[/NAME] as Namespace requests, not as a namespace prefix."""
+        match = _NAMESPACE_PATH.fullmatch(request.url.path)
+        if match is None:
+            return
+        name = None if match.group(1) in {None, "*"} else match.group(1)
+        action: kmock.action | None
+        if request.method != kmock.method.GET:
+            action = _WRITES.get(request.method)
+        elif request.params.get("watch") in {"true", "1"}:
+            action = kmock.action.WATCH
+        else:
+            action = kmock.action.FETCH if name else kmock.action.LIST
+        _amend(request, resource=NAMESPACES, namespace=None, name=name, action=action)
+
+    def _stamp(self, body: dict[str, Any], namespace: str | None = None) -> dict[str, Any]:
+        meta = body.setdefault("metadata", {})
+        if namespace is not None:
+            meta.setdefault("namespace", namespace)
+        meta["uid"] = str(uuid.uuid4())
+        meta["resourceVersion"] = self._next_revision()
+        meta["creationTimestamp"] = _now()
+        meta["generation"] = 1
+        return body
+
+    def _stamp_patch(self, request: kmock.Request) -> None:
+        if request.resource is None or request.name is None:
+            return
+        try:
+            old = self.objects[request.resource, request.namespace, request.name].raw
+        except (KeyError, ValueError):
+            return  # kmock answers 404
+        new = dict(patch_dict(copy.deepcopy(old), request.data))
+        generation = old["metadata"].get("generation", 1)
+        if _desired(new) != _desired(old):
+            generation += 1
+        stamp = {"resourceVersion": self._next_revision(), "generation": generation}
+        if isinstance(request.data, dict):
+            request.data.setdefault("metadata", {}).update(stamp)
+        elif isinstance(request.data, list):  # a JSON patch
+            for key, value in stamp.items():
+                request.data.append({"op": "add", "path": f"/metadata/{key}", "value": value})
+
+    def _next_revision(self) -> str:
+        self._revision += 1
+        return str(self._revision)
+
+    def _register_crd(self, crd: dict[str, Any]) -> None:
+        spec, names = crd["spec"], crd["spec"]["names"]
+        for version in spec["versions"]:
+            if not version.get("served", True):
+                continue
+            self.resources[kmock.resource(spec["group"], version["name"], names["plural"])] = (
+                kmock.ResourceInfo(
+                    kind=names["kind"],
+                    singular=names.get("singular", names["kind"].lower()),
+                    namespaced=spec.get("scope", "Namespaced") == "Namespaced",
+                    shortnames=names.get("shortNames", []),
+                    categories=names.get("categories", []),
+                    verbs=VERBS,
+                    subresources=version.get("subresources", {}).keys(),
+                )
+            )
+        conditions = [
+            {"type": kind, "status": "True", "reason": kind, "lastTransitionTime": _now()}
+            for kind in ("NamesAccepted", "Established")
+        ]
+        crd["status"] = {"acceptedNames": names, "conditions": conditions}
+
+    def _crd_version(self, resource: kmock.resource) -> dict[str, Any] | None:
+        """The stored CRD's entry for this resource's version, None for built-in kinds."""
+        try:
+            crd = self.objects[CRDS, None, f"{resource.plural}.{resource.group}"].raw
+        except (KeyError, ValueError):
+            return None
+        versions = [v for v in crd["spec"]["versions"] if v["name"] == resource.version]
+        return dict(versions[0]) if versions else None
+
+    # --- responses: what kmock serves, completed ---
+
+    async def _serve_version(self, request: kmock.Request) -> kmock.Payload:
+        payload = await super()._serve_version(request)
+        assert isinstance(payload, dict) and request.resource is not None
+        if request.resource.group == "":
+            payload["groupVersion"] = request.resource.version
+        for entry in payload["resources"]:
+            if "/" in entry["name"]:
+                entry.update(shortNames=[], categories=[])
+            if entry["name"].endswith("/scale"):
+                entry.update(group="autoscaling", version="v1", kind="Scale")
+        return payload
+
+    async def _serve_list(self, request: kmock.Request) -> kmock.Payload:
+        payload = await super()._serve_list(request)
+        assert isinstance(payload, dict) and request.resource is not None
+        if _wants_table(request):
+            return self._table(request.resource, payload["items"])
+        resource = request.resource
+        known = self.resources[resource].kind if resource in self.resources else None
+        kind = known or str(resource.plural).title()
+        group_version = f"{resource.group}/{resource.version}".lstrip("/")
+        return {
+            "kind": f"{kind}List",
+            "apiVersion": group_version,
+            "metadata": {"resourceVersion": str(self._revision)},
+            "items": payload["items"],
+        }
+
+    async def _serve_watch(self, request: kmock.Request) -> AsyncIterator[kmock.Payload]:
+        # kmock replays every object as ADDED: skip those the client has seen (a list's
+        # resourceVersion), and render objects as Tables for `kubectl get --watch`.
+        assert request.resource is not None
+        seen = int(request.params.get("resourceVersion") or 0)
+        async for event in super()._serve_watch(request):
+            if not isinstance(event, dict):  # the empty chunk that starts the stream
+                yield event
+                continue
+            obj = event["object"]
+            revision = int(obj.get("metadata", {}).get("resourceVersion") or 0)
+            if event["type"] == "ADDED" and revision <= seen:
+                continue
+            if _wants_table(request):
+                obj = self._table(request.resource, [obj])
+            yield {"type": event["type"], "object": obj}
+
+    async def _serve_fetch(self, request: kmock.Request) -> kmock.Payload:
+        payload = await super()._serve_fetch(request)
+        assert isinstance(payload, dict) and request.resource is not None
+        if request.subresource == "scale":
+            return self._scale(request.resource, payload)
+        if _wants_table(request):
+            return self._table(request.resource, [payload])
+        return payload
+
+    async def _serve_update(self, request: kmock.Request) -> kmock.Payload:
+        payload = await super()._serve_update(request)
+        assert isinstance(payload, dict) and request.resource is not None
+        if request.subresource == "scale":
+            return self._scale(request.resource, payload)
+        return payload
+
+    def _table(self, resource: kmock.resource, objects: list[dict[str, Any]]) -> dict[str, Any]:
+        version = self._crd_version(resource) or {}
+        columns = version.get("additionalPrinterColumns") or [AGE_COLUMN]
+        definitions = [NAME_COLUMN] + [
+            {
+                "name": column["name"],
+                "type": column["type"],
+                "format": column.get("format", ""),
+                "description": column.get("description", ""),
+                "priority": column.get("priority", 0),
+            }
+            for column in columns
+        ]
+        rows = [
+            {
+                "cells": [obj["metadata"]["name"]] + [_cell(column, obj) for column in columns],
+                "object": {
+                    "kind": "PartialObjectMetadata",
+                    "apiVersion": "meta.k8s.io/v1",
+                    "metadata": obj["metadata"],
+                },
+            }
+            for obj in objects
+        ]
+        return {
+            "kind": "Table",
+            "apiVersion": "meta.k8s.io/v1",
+            "metadata": {"resourceVersion": str(self._revision)},
+            "columnDefinitions": definitions,
+            "rows": rows,
+        }
+
+    # --- /scale through the CRD's scale paths ---
+
+    def _scale_paths(self, resource: kmock.resource) -> dict[str, str]:
+        scale = (self._crd_version(resource) or {}).get("subresources", {}).get("scale")
+        if scale is None:
+            raise kmock.KubernetesNotFoundError(message=f"{resource.plural} has no /scale")
+        return dict(scale)
+
+    def _scale(self, resource: kmock.resource, obj: dict[str, Any]) -> dict[str, Any]:
+        paths = self._scale_paths(resource)
+        meta = obj["metadata"]
+        kept = ("name", "namespace", "uid", "resourceVersion", "creationTimestamp")
+        status: dict[str, Any] = {"replicas": _lookup(obj, paths["statusReplicasPath"]) or 0}
+        selector = _lookup(obj, paths.get("labelSelectorPath", ""))
+        if selector is not None:
+            status["selector"] = selector
+        return {
+            "kind": "Scale",
+            "apiVersion": "autoscaling/v1",
+            "metadata": {key: meta[key] for key in kept if key in meta},
+            "spec": {"replicas": _lookup(obj, paths["specReplicasPath"]) or 0},
+            "status": status,
+        }
+
+    def _scale_to_object_patch(self, request: kmock.Request) -> dict[str, Any]:
+        """A Scale patch or replacement, as a merge patch of the scaled object."""
+        assert request.resource is not None
+        path = self._scale_paths(request.resource)["specReplicasPath"]
+        replicas: Any = None
+        if isinstance(request.data, dict):
+            replicas = (request.data.get("spec") or {}).get("replicas")
+        elif isinstance(request.data, list):  # a JSON patch
+            for op in request.data:
+                if op.get("path") == "/spec/replicas" and op.get("op") in {"add", "replace"}:
+                    replicas = op["value"]
+        if replicas is None:
+            return {}
+        patch: dict[str, Any] = {}
+        *parents, leaf = path.strip(".").split(".")
+        level = patch
+        for key in parents:
+            level = level.setdefault(key, {})
+        level[leaf] = replicas
+        return patch
+
+
+def _amend(request: kmock.Request, **fields: Any) -> None:
+    """Change a (frozen) request in place: kmock matches reactions to requests by identity."""
+    for name, value in fields.items():
+        object.__setattr__(request, name, value)
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _desired(obj: dict[str, Any]) -> dict[str, Any]:
+    """What bumps `generation` when it changes: all but metadata and status."""
+    return {key: value for key, value in obj.items() if key not in {"metadata", "status"}}
+
+
+def _wants_table(request: kmock.Request) -> bool:
+    return "as=Table" in request.headers.get("Accept", "")
+
+
+def _lookup(obj: Any, json_path: str) -> Any:
+    """Follow a dotted json path such as `.status.replicas`; None where it leads nowhere."""
+    if not json_path:
+        return None
+    for key in json_path.strip(".").split("."):
+        obj = obj.get(key) if isinstance(obj, dict) else None
+    return obj
+
+
+def _cell(column: dict[str, Any], obj: dict[str, Any]) -> Any:
+    value = _lookup(obj, column["jsonPath"])
+    if value is None:
+        return None
+    if column["type"] == "date":
+        return _age(value)
+    if column["type"] == "string" and not isinstance(value, str):
+        return json.dumps(value)
+    return value
+
+
+def _age(timestamp: str) -> str:
+    """Like the API server's duration.HumanDuration, coarser."""
+    then = datetime.datetime.strptime(timestamp, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=datetime.UTC)
+    seconds = max(0, int((datetime.datetime.now(datetime.UTC) - then).total_seconds()))
+    if seconds < 120:
+        return f"{seconds}s"
+    if seconds < 3 * 3600:
+        return f"{seconds // 60}m"
+    if seconds < 48 * 3600:
+        return f"{seconds // 3600}h"
+    return f"{seconds // 86400}d"
+
+
+@contextlib.contextmanager
+def serve(emulator: KubernetesEmulator | None = None) -> Iterator[str]:
+    """Serve the emulator on a free port of 127.0.0.1 from a thread with its own event loop.
+
+    Yields the base URL (`http://127.0.0.1:PORT`). An emulator can be served only once.
+    Change its state through the API; reading `emulator.objects` from the test's thread
+    is fine for assertions.
+    """
+    handler = emulator if emulator is not None else KubernetesEmulator()
+    loop = asyncio.new_event_loop()
+    url: concurrent.futures.Future[str] = concurrent.futures.Future()
+    stop = asyncio.Event()
+
+    async def main() -> None:
+        async with handler:
+            server = aiohttp.web.Server(handler, handler_cancellation=True)
+            runner = aiohttp.web.ServerRunner(server, shutdown_timeout=0.5)
+            await runner.setup()
+            try:
+                site = aiohttp.web.TCPSite(runner, "127.0.0.1", 0)
+                await site.start()
+                host, port = runner.addresses[0][:2]
+                url.set_result(f"http://{host}:{port}")
+                await stop.wait()
+            finally:
+                await runner.cleanup()
+
+    def run() -> None:
+        try:
+            loop.run_until_complete(main())
+        except BaseException as exc:
+            if not url.done():
+                url.set_exception(exc)
+            raise
+        finally:
+            loop.close()
+
+    thread = threading.Thread(target=run, name="k8s-emulator", daemon=True)
+    thread.start()
+    try:
+        yield url.result(timeout=10)
+    finally:
+        with contextlib.suppress(RuntimeError):  # the loop is closed already
+            loop.call_soon_threadsafe(stop.set)
+        thread.join(timeout=10)
+
+
+def write_kubeconfig(path: Path, url: str, namespace: str = "default") -> Path:
+    """Write a kubeconfig for `kubectl --kubeconfig PATH` to talk to the emulator at url."""
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "emulator", "cluster": {"server": url}}],
+        "users": [{"name": "tester", "user": {"token": "test"}}],
+        "contexts": [
+            {
+                "name": "emulator",
+                "context": {"cluster": "emulator", "user": "tester", "namespace": namespace},
+            }
+        ],
+        "current-context": "emulator",
+    }
+    path.write_text(json.dumps(config, indent=2))  # JSON is YAML too
+    return path
+
+
+class ApiError(Exception):
+    """An error status from the API: `code` is the HTTP status, `status` the Status body."""
+
+    def __init__(self, code: int, status: Any) -> None:
+        super().__init__(f"HTTP {code}: {status}")
+        self.code = code
+        self.status = status
+
+
+def call(url: str, method: str, path: str, body: Any = None, content_type: str = "") -> Any:
+    """One JSON request to the API at url; PATCH bodies go as merge patches by default.
+
+    Raises `ApiError` on an error status.
+    """
+    content_type = content_type or (
+        "application/merge-patch+json" if method == "PATCH" else "application/json"
+    )
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(
+        url + path, data=data, method=method, headers={"Content-Type": content_type}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        text = exc.read().decode(errors="replace")
+        try:
+            status = json.loads(text)
+        except ValueError:
+            status = text
+        raise ApiError(exc.code, status) from None
+
+
+__all__ = ["ApiError", "KubernetesEmulator", "call", "serve", "write_kubeconfig"]

@@ -1,0 +1,303 @@
+"""The test Kubernetes emulator (k8s_emulator.py) serves what the operator's tests rely on:
+CRDs that register their kinds, objects with server-set metadata, `kubectl` with the
+CRDs' printer columns, /scale through the CRD's scale paths, and a kopf operator."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import subprocess
+import threading
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import kopf
+import pytest
+import yaml
+
+from .k8s_emulator import ApiError, KubernetesEmulator, call, serve, write_kubeconfig
+
+ROOT = Path(__file__).parents[2]
+CRD_FILES = sorted((ROOT / "crds").glob("*.cadence.dev.yaml"))
+EXAMPLE = ROOT / "manifests" / "examples" / "trainingrun.yaml"
+CRDS = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+CADENCE = "/apis/cadence.dev/v1alpha1"
+DEFAULT = f"{CADENCE}/namespaces/default"
+
+
+def _load(path: Path) -> list[dict[str, Any]]:
+    return [doc for doc in yaml.safe_load_all(path.read_text()) if doc]
+
+
+def _example(kind: str) -> dict[str, Any]:
+    return next(doc for doc in _load(EXAMPLE) if doc["kind"] == kind)
+
+
+def _apply_crds(url: str) -> None:
+    for path in CRD_FILES:
+        for crd in _load(path):
+            call(url, "POST", CRDS, crd)
+
+
+def _eventually(probe: Callable[[], Any], timeout: float = 5.0) -> Any:
+    """The first truthy result of probe(), polled for up to timeout seconds."""
+    deadline = time.monotonic() + timeout
+    while not (result := probe()):
+        if time.monotonic() > deadline:
+            pytest.fail(f"not within {timeout}s: {probe}")
+        time.sleep(0.05)
+    return result
+
+
+@pytest.fixture
+def url() -> Iterator[str]:
+    with serve(KubernetesEmulator()) as base_url:
+        yield base_url
+
+
+@pytest.fixture
+def cluster(url: str) -> str:
+    """The emulator's URL, with the cadence.dev CRDs applied."""
+    _apply_crds(url)
+    return url
+
+
+@pytest.fixture
+def kubectl(cluster: str, tmp_path: Path) -> Callable[..., str]:
+    config = write_kubeconfig(tmp_path / "kubeconfig", cluster)
+    base = ["kubectl", "--kubeconfig", str(config), "--cache-dir", str(tmp_path / "cache")]
+
+    def run(*args: str) -> str:
+        done = subprocess.run(
+            [*base, *args], capture_output=True, text=True, timeout=20, cwd=ROOT, check=False
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    return run
+
+
+def test_crds_register_their_kinds_and_a_pool_can_be_created(url: str) -> None:
+    assert len(CRD_FILES) == 3
+    with pytest.raises(ApiError) as unknown:
+        call(url, "GET", f"{DEFAULT}/rolloutpools")
+    assert unknown.value.code == 404
+
+    _apply_crds(url)
+
+    crd = call(url, "GET", f"{CRDS}/rolloutpools.cadence.dev")
+    assert {c["type"]: c["status"] for c in crd["status"]["conditions"]}["Established"] == "True"
+    discovery = {r["name"]: r for r in call(url, "GET", CADENCE)["resources"]}
+    assert {"rolloutpools", "rolloutgroups", "trainingruns", "rolloutgroups/scale"} <= set(
+        discovery
+    )
+    assert discovery["rolloutpools"]["kind"] == "RolloutPool"
+    assert discovery["rolloutpools"]["namespaced"] is True
+    assert discovery["rolloutpools"]["shortNames"] == ["rpool"]
+    assert discovery["rolloutpools/status"]["shortNames"] == []
+    scale = discovery["rolloutgroups/scale"]
+    assert (scale["group"], scale["version"], scale["kind"]) == ("autoscaling", "v1", "Scale")
+    groups = call(url, "GET", "/apis")["groups"]
+    assert "cadence.dev" in {group["name"] for group in groups}
+
+    pool = _example("RolloutPool")
+    created = call(url, "POST", f"{DEFAULT}/rolloutpools", pool)
+    assert created["metadata"]["namespace"] == "default"
+    fetched = call(url, "GET", f"{DEFAULT}/rolloutpools/mixed")
+    assert fetched["spec"] == pool["spec"]
+    listed = call(url, "GET", f"{DEFAULT}/rolloutpools")
+    assert (listed["kind"], listed["apiVersion"]) == ("RolloutPoolList", "cadence.dev/v1alpha1")
+    assert [item["metadata"]["name"] for item in listed["items"]] == ["mixed"]
+    with pytest.raises(ApiError) as conflict:
+        call(url, "POST", f"{DEFAULT}/rolloutpools", pool)
+    assert conflict.value.code == 409
+
+
+def test_core_discovery_and_namespaces(url: str) -> None:
+    core = call(url, "GET", "/api/v1")
+    assert core["groupVersion"] == "v1"
+    assert "namespaces" in {r["name"] for r in core["resources"]}
+    namespaces = call(url, "GET", "/api/v1/namespaces")
+    assert namespaces["kind"] == "NamespaceList"
+    assert [ns["metadata"]["name"] for ns in namespaces["items"]] == ["default"]
+    assert call(url, "GET", "/api/v1/namespaces/default")["kind"] == "Namespace"
+
+    call(url, "POST", "/api/v1/namespaces", {"metadata": {"name": "team-a"}})
+    assert call(url, "GET", "/api/v1/namespaces/team-a")["metadata"]["uid"]
+    names = {ns["metadata"]["name"] for ns in call(url, "GET", "/api/v1/namespaces")["items"]}
+    assert names == {"default", "team-a"}
+    with pytest.raises(ApiError) as missing:
+        call(url, "GET", "/api/v1/namespaces/nowhere")
+    assert missing.value.code == 404
+
+
+def test_kubectl_applies_and_prints_the_printer_columns(kubectl: Callable[..., str]) -> None:
+    applied = kubectl("apply", "--validate=false", "-f", str(EXAMPLE))
+    assert "rolloutpool.cadence.dev/mixed created" in applied
+    assert "trainingrun.cadence.dev/digits created" in applied
+
+    printed = kubectl("get", "rolloutpools,trainingruns")
+    pools, runs = [
+        [" ".join(line.split()) for line in table.splitlines()]
+        for table in printed.strip().split("\n\n")
+    ]
+    assert pools[0] == "NAME READY WORKERS RUN VERSIONS TOK/S AGE"
+    assert re.fullmatch(r"rolloutpool.cadence.dev/mixed \d+s", pools[1])
+    assert runs[0] == "NAME POOL PHASE VERSION TOK/S P95 AGE"
+    assert re.fullmatch(r"trainingrun.cadence.dev/digits mixed \d+s", runs[1])
+
+    again = kubectl("apply", "--validate=false", "-f", str(EXAMPLE))
+    assert "rolloutpool.cadence.dev/mixed unchanged" in again
+
+    # A watch: the listed pool once (not replayed by the watch), till the request times out.
+    watched = kubectl("get", "rolloutpools", "--watch", "--request-timeout=1s").splitlines()
+    assert [line.split()[0] for line in watched] == ["NAME", "mixed"]
+
+
+def test_watch_streams_json_events_after_the_listed_version(cluster: str) -> None:
+    pool = _example("RolloutPool")
+    call(cluster, "POST", f"{DEFAULT}/rolloutpools", pool)
+    listed = call(cluster, "GET", f"{DEFAULT}/rolloutpools")["metadata"]["resourceVersion"]
+    path = f"{DEFAULT}/rolloutpools?watch=true&resourceVersion={listed}"
+    with urllib.request.urlopen(cluster + path, timeout=5) as stream:
+        assert stream.headers["Content-Type"].startswith("application/json")
+        call(cluster, "POST", f"{DEFAULT}/rolloutpools", {**pool, "metadata": {"name": "b"}})
+        call(cluster, "PATCH", f"{DEFAULT}/rolloutpools/b", {"spec": {"groups": []}})
+        first, second = json.loads(stream.readline()), json.loads(stream.readline())
+    assert (first["type"], first["object"]["metadata"]["name"]) == ("ADDED", "b")
+    assert (second["type"], second["object"]["spec"]) == ("MODIFIED", {"groups": []})
+
+
+def test_printer_columns_show_status_values(cluster: str, kubectl: Callable[..., str]) -> None:
+    kubectl("apply", "--validate=false", "-f", str(EXAMPLE))
+    status: dict[str, Any] = {"ready": "3/4", "workers": 4, "run": "digits", "versions": "5,6"}
+    status["tokensPerSecond"] = 812.5
+    call(cluster, "PATCH", f"{DEFAULT}/rolloutpools/mixed/status", {"status": status})
+    lines = kubectl("get", "rpool", "mixed").splitlines()
+    assert lines[1].split()[:6] == ["mixed", "3/4", "4", "digits", "5,6", "812.5"]
+
+
+def test_objects_carry_server_set_metadata(cluster: str) -> None:
+    pool = _example("RolloutPool")
+    meta = call(cluster, "POST", f"{DEFAULT}/rolloutpools", pool)["metadata"]
+    assert len(meta["uid"]) == 36
+    assert meta["generation"] == 1
+    assert meta["creationTimestamp"].endswith("Z")
+    created = int(meta["resourceVersion"])
+
+    status = call(
+        cluster, "PATCH", f"{DEFAULT}/rolloutpools/mixed/status", {"status": {"workers": 4}}
+    )["metadata"]
+    assert int(status["resourceVersion"]) > created
+    assert status["generation"] == 1  # status is not the desired state
+    assert (status["uid"], status["creationTimestamp"]) == (meta["uid"], meta["creationTimestamp"])
+
+    spec = call(cluster, "PATCH", f"{DEFAULT}/rolloutpools/mixed", {"spec": {"groups": []}})
+    assert int(spec["metadata"]["resourceVersion"]) > int(status["resourceVersion"])
+    assert spec["metadata"]["generation"] == 2
+
+    other = call(cluster, "POST", f"{DEFAULT}/rolloutpools", {**pool, "metadata": {"name": "b"}})
+    assert other["metadata"]["uid"] != meta["uid"]
+    listed = call(cluster, "GET", f"{DEFAULT}/rolloutpools")
+    assert int(listed["metadata"]["resourceVersion"]) >= int(other["metadata"]["resourceVersion"])
+
+
+def test_scale_maps_to_the_groups_replicas(cluster: str) -> None:
+    group = {
+        "apiVersion": "cadence.dev/v1alpha1",
+        "kind": "RolloutGroup",
+        "metadata": {"name": "mixed-h800"},
+        "spec": {"pool": "mixed", "accelerator": "H800", "affinity": 2, "replicas": 2},
+    }
+    call(cluster, "POST", f"{DEFAULT}/rolloutgroups", group)
+    selector = "cadence.dev/pool=mixed,cadence.dev/group=h800"
+    call(
+        cluster,
+        "PATCH",
+        f"{DEFAULT}/rolloutgroups/mixed-h800/status",
+        {"status": {"replicas": 1, "selector": selector}},
+    )
+    path = f"{DEFAULT}/rolloutgroups/mixed-h800/scale"
+
+    scale = call(cluster, "GET", path)
+    assert (scale["apiVersion"], scale["kind"]) == ("autoscaling/v1", "Scale")
+    assert scale["metadata"]["name"] == "mixed-h800"
+    assert scale["spec"] == {"replicas": 2}
+    assert scale["status"] == {"replicas": 1, "selector": selector}
+
+    patched = call(cluster, "PATCH", path, {"spec": {"replicas": 5}})
+    assert patched["kind"] == "Scale"
+    assert patched["spec"] == {"replicas": 5}
+    stored = call(cluster, "GET", f"{DEFAULT}/rolloutgroups/mixed-h800")
+    assert stored["spec"]["replicas"] == 5
+    assert stored["spec"]["accelerator"] == "H800"  # the rest of the spec is untouched
+
+    put = call(cluster, "PUT", path, {**scale, "spec": {"replicas": 3}})
+    assert put["spec"] == {"replicas": 3}
+    assert call(cluster, "GET", path)["spec"] == {"replicas": 3}
+
+    pool = _example("RolloutPool")
+    call(cluster, "POST", f"{DEFAULT}/rolloutpools", pool)
+    with pytest.raises(ApiError) as no_scale:
+        call(cluster, "GET", f"{DEFAULT}/rolloutpools/mixed/scale")
+    assert no_scale.value.code == 404
+
+
+def test_kubectl_scale(cluster: str, kubectl: Callable[..., str]) -> None:
+    group = {
+        "apiVersion": "cadence.dev/v1alpha1",
+        "kind": "RolloutGroup",
+        "metadata": {"name": "g"},
+        "spec": {"pool": "mixed", "accelerator": "H800", "replicas": 2},
+    }
+    call(cluster, "POST", f"{DEFAULT}/rolloutgroups", group)
+    assert "scaled" in kubectl("scale", "rolloutgroup/g", "--replicas=4")
+    assert call(cluster, "GET", f"{DEFAULT}/rolloutgroups/g")["spec"]["replicas"] == 4
+
+
+def test_a_kopf_operator_reacts_to_a_created_pool(cluster: str) -> None:
+    registry = kopf.OperatorRegistry()
+    seen: list[str] = []
+
+    @kopf.on.login(registry=registry)
+    def login(**_: Any) -> kopf.ConnectionInfo:
+        return kopf.ConnectionInfo(server=cluster, insecure=True)
+
+    @kopf.on.create("cadence.dev", "v1alpha1", "rolloutpools", registry=registry)
+    def created(name: str, uid: str, patch: kopf.Patch, **_: Any) -> None:
+        seen.append(name)
+        patch.status["ready"] = "0/4"
+        patch.status["run"] = uid
+
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        # In a thread of its own: on stop, kopf cancels every task of its event loop.
+        coro = kopf.operator(
+            registry=registry, standalone=True, namespaces=["default"], stop_flag=stop
+        )
+        try:
+            asyncio.run(coro)
+        except BaseException as exc:
+            errors.append(exc)
+
+    operator = threading.Thread(target=run, daemon=True)
+    operator.start()
+    try:
+        pool = _example("RolloutPool")
+        uid = call(cluster, "POST", f"{DEFAULT}/rolloutpools", pool)["metadata"]["uid"]
+        path = f"{DEFAULT}/rolloutpools/mixed"
+        status = _eventually(lambda: call(cluster, "GET", path).get("status", {}).get("ready"))
+        assert status == "0/4"
+        assert call(cluster, "GET", path)["status"]["run"] == uid
+        assert seen == ["mixed"]
+    finally:
+        stop.set()
+        operator.join(timeout=10)
+    assert not operator.is_alive()
+    assert errors == []
