@@ -17,16 +17,20 @@ and the reason, and an Event, and nothing else happens to it or to any other res
 
 from __future__ import annotations
 
+import base64
 import datetime
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import httpx
 import kopf
 from pydantic import BaseModel, ValidationError
 
 from cadence.operator import children
 from cadence.operator.kube import Kube, path
+from cadence.operator.loop import ControlLoop, LoopConfig
 from cadence.operator.resources import (
     API_VERSION,
     GROUP,
@@ -35,6 +39,9 @@ from cadence.operator.resources import (
     RolloutPool,
     TrainingRun,
 )
+from cadence.operator.scheduler.registry import POLICIES
+from cadence.operator.scheduler.snapshot import Knobs
+from cadence.trainer.client import TrainerClient, TrainerError
 
 Status = dict[str, Any]
 Events = list[tuple[str, str]]  # (reason, message) for the handler to publish
@@ -89,6 +96,8 @@ def _ready(pod: Mapping[str, Any]) -> bool:
 class Reconciler:
     kube: Kube
     endpoint: Callable[[Mapping[str, Any]], str | None] = pod_endpoint
+    trainer_endpoint: Callable[[TrainingRun], str] = children.trainer_url
+    status_every_s: float = 2.0  # a run's status is patched at most this often
 
     def _pool_url(self, namespace: str, name: str | None = None) -> str:
         return path(API_VERSION, "rolloutpools", namespace, name)
@@ -174,6 +183,8 @@ class Reconciler:
     async def run(self, body: Mapping[str, Any], events: Events) -> Status:
         run: TrainingRun = validated(TrainingRun, body)
         ns, name = run.metadata.namespace, run.metadata.name
+        if (body.get("status") or {}).get("phase") == "Succeeded":
+            return {}  # finished: its control loop wrote the last status
         pool_obj = await self.kube.get(self._pool_url(ns, run.spec.pool))
         if pool_obj is None:
             return {
@@ -211,6 +222,94 @@ class Reconciler:
             ],
         }
 
+    async def control(self, body: Mapping[str, Any], stopped: kopf.DaemonStopped) -> None:
+        """The shared control loop for one TrainingRun, for as long as it is bound and
+        unfinished: workers are the pool's pods (their endpoints), the trainer is the
+        run's Service; the run's status is patched from the loop and the trainer's
+        stats at a bounded rate. A restarted operator starts a new loop, which rebuilds
+        its view from the workers and the ledger."""
+        try:
+            run: TrainingRun = validated(TrainingRun, body)
+        except Invalid:
+            return  # the change handlers report it
+        ns, name = run.metadata.namespace, run.metadata.name
+        run_url = path(API_VERSION, "trainingruns", ns, name)
+        while not stopped:
+            pool_obj = await self.kube.get(self._pool_url(ns, run.spec.pool))
+            if ((pool_obj or {}).get("status") or {}).get("run") == name:
+                break
+            await stopped.wait(1.0)
+        if stopped or pool_obj is None:
+            return
+        pool: RolloutPool = validated(RolloutPool, pool_obj)
+        secret = await self.kube.get(path("v1", "secrets", ns, pool.spec.token_secret))
+        if secret is None:
+            return  # the pool's handler makes it; the daemon is restarted by kopf
+        token = base64.b64decode(secret["data"][children.TOKEN_KEY]).decode()
+        client = TrainerClient(self.trainer_endpoint(run), token)
+        s = run.spec.scheduler
+        loop = ControlLoop(
+            POLICIES[s.policy](),
+            LoopConfig(
+                knobs=Knobs(h_min=s.h_min, delta=s.delta, eta=s.eta, min_decode=s.min_decode),
+                period_s=s.control_period_s,
+                max_tool_calls=run.spec.multi_turn.max_tool_calls,
+            ),
+            client,
+            {},
+            token,
+        )
+        prices = {g.name: g.price_per_hour or 0.0 for g in pool.spec.groups}
+        started, patched, hourly = time.monotonic(), 0.0, 0.0
+
+        async def done() -> bool:
+            nonlocal patched, hourly
+            if stopped:
+                return True
+            pods = await self.kube.list(path("v1", "pods", ns), {"cadence.dev/pool": run.spec.pool})
+            joined = {}
+            for pod in pods:
+                url = self.endpoint(pod)
+                if url is not None and pod["metadata"]["name"] not in loop.workers:
+                    joined[pod["metadata"]["name"]] = url
+            if joined:
+                loop.add_workers(joined)
+            hourly = sum(
+                prices.get(p["metadata"]["labels"].get("cadence.dev/group", ""), 0.0) for p in pods
+            )
+            if time.monotonic() - patched < self.status_every_s:
+                return False
+            patched = time.monotonic()
+            try:
+                stats = await client.stats()
+            except (TrainerError, OSError, httpx.TransportError):
+                return False
+            wall = time.monotonic() - started
+            dollars = hourly * wall / 3600
+            await self.kube.patch(
+                run_url + "/status",
+                {
+                    "status": {
+                        "phase": "Succeeded" if stats.done else "Running",
+                        "policyVersion": stats.version,
+                        "step": stats.consumed,
+                        "tokensPerSecond": round(stats.tokens_delivered / wall, 1),
+                        "latencyP50S": round(stats.latency_p50_s, 3),
+                        "latencyP95S": round(stats.latency_p95_s, 3),
+                        "tokensPerDollar": round(stats.tokens_delivered / dollars, 1)
+                        if dollars > 0
+                        else 0.0,
+                    }
+                },
+            )
+            return stats.done
+
+        try:
+            await loop.run(done)
+        finally:
+            await loop.aclose()
+            await client.aclose()
+
 
 def register(registry: kopf.OperatorRegistry, reconciler: Reconciler) -> None:
     """The kopf handlers, on `registry` (tests pass a fresh one)."""
@@ -246,3 +345,15 @@ def register(registry: kopf.OperatorRegistry, reconciler: Reconciler) -> None:
         kopf.on.create(*resource, id=f"{plural}-create", registry=registry)(handler)
         kopf.on.update(*resource, id=f"{plural}-update", field="spec", registry=registry)(handler)
         kopf.timer(*resource, id=f"{plural}-timer", interval=5.0, registry=registry)(handler)
+
+    async def control(body: kopf.Body, stopped: kopf.DaemonStopped, **_: Any) -> None:
+        await reconciler.control(body, stopped)
+
+    kopf.daemon(
+        GROUP,
+        VERSION,
+        "trainingruns",
+        id="control-loop",
+        cancellation_timeout=10.0,
+        registry=registry,
+    )(control)

@@ -15,7 +15,11 @@ from cadence.operator.handlers import Reconciler, register
 from cadence.operator.kube import Kube
 
 
-def operator_registry(kube: Kube, server: str | None) -> kopf.OperatorRegistry:
+def operator_registry(
+    kube: Kube, server: str | None, reconciler: Reconciler | None = None
+) -> kopf.OperatorRegistry:
+    """The operator's handlers on a fresh registry; `reconciler` replaces the default
+    one (tests give workers' and the trainer's endpoints on this machine)."""
     registry = kopf.OperatorRegistry()
 
     @kopf.on.login(registry=registry)
@@ -24,7 +28,7 @@ def operator_registry(kube: Kube, server: str | None) -> kopf.OperatorRegistry:
             return kopf.ConnectionInfo(server=server, insecure=True)
         return kopf.login_with_service_account(**kwargs)
 
-    register(registry, Reconciler(kube))
+    register(registry, reconciler or Reconciler(kube))
     return registry
 
 

@@ -7,6 +7,10 @@ second run on a busy pool waits saying why. `kubectl get` shows the printer colu
 from __future__ import annotations
 
 import asyncio
+import base64
+import contextlib
+import os
+import sqlite3
 import subprocess
 import threading
 import time
@@ -18,10 +22,15 @@ import kopf
 import pytest
 import yaml
 
+from cadence.operator import children
+from cadence.operator.handlers import Reconciler
 from cadence.operator.kube import Kube
+from cadence.operator.localpool import CADENCE, free_port, wait_healthy, worker_processes
+from cadence.operator.resources import TrainingRun
 from cadence.operator.serve import operator_registry
+from cadence.worker.tinymodel import make_tiny_llama
 
-from .k8s_emulator import KubernetesEmulator, call, serve, write_kubeconfig
+from .k8s_emulator import ApiError, KubernetesEmulator, call, serve, write_kubeconfig
 
 ROOT = Path(__file__).parents[2]
 EXAMPLE = ROOT / "manifests" / "examples" / "trainingrun.yaml"
@@ -52,8 +61,17 @@ def _pods(url: str, group: str | None = None) -> list[dict[str, Any]]:
     ]
 
 
-@pytest.fixture
-def cluster() -> Iterator[str]:
+def _status(url: str, path: str) -> dict[str, Any]:
+    found: dict[str, Any] = call(url, "GET", path).get("status") or {}
+    return found
+
+
+@contextlib.contextmanager
+def operator_on(
+    make: Callable[[Kube], Reconciler] = Reconciler,
+) -> Iterator[str]:
+    """The emulator with the CRDs, and the operator running against it in a thread of
+    its own (kopf cancels every task of its loop when it stops)."""
     with serve(KubernetesEmulator()) as url:
         for path in sorted((ROOT / "crds").glob("*.cadence.dev.yaml")):
             call(url, "POST", CRDS, yaml.safe_load(path.read_text()))
@@ -65,7 +83,7 @@ def cluster() -> Iterator[str]:
                 kube = Kube(url)
                 try:
                     await kopf.operator(
-                        registry=operator_registry(kube, url),
+                        registry=operator_registry(kube, url, make(kube)),
                         standalone=True,
                         namespaces=["default"],
                         stop_flag=stop,
@@ -84,8 +102,14 @@ def cluster() -> Iterator[str]:
             yield url
         finally:
             stop.set()
-            thread.join(timeout=15)
+            thread.join(timeout=20)
         assert not thread.is_alive() and errors == []
+
+
+@pytest.fixture
+def cluster() -> Iterator[str]:
+    with operator_on() as url:
+        yield url
 
 
 def test_a_pool_and_a_run_get_groups_pods_and_a_trainer(cluster: str) -> None:
@@ -215,3 +239,78 @@ def test_kubectl_shows_the_columns(cluster: str, tmp_path: Path) -> None:
     assert ["NAME", "POOL", "PHASE", "VERSION", "TOK/S", "P95", "AGE"] in lines
     run_row = next(line for line in lines if line[0] == "trainingrun.cadence.dev/digits")
     assert run_row[1:3] == ["mixed", "Running"]
+
+
+def test_the_operator_runs_the_control_loop_on_the_pools_pods(tmp_path: Path) -> None:
+    """End to end: pod endpoints point at emulated workers on this machine (one host
+    process whose workers are named as the operator names its pods), the run's trainer
+    endpoint at a trainer process; the run trains to its last version."""
+    endpoints: dict[str, str] = {}
+    trainer: dict[str, str] = {}
+
+    def reconciler(kube: Kube) -> Reconciler:
+        return Reconciler(
+            kube,
+            endpoint=lambda pod: endpoints.get(pod["metadata"]["name"]),
+            trainer_endpoint=lambda _: trainer["url"],
+            status_every_s=0.5,
+        )
+
+    text = EXAMPLE.read_text().replace("iterations: 30", "iterations: 3")
+    docs = {d["kind"]: d for d in yaml.safe_load_all(text) if d}
+    with operator_on(reconciler) as url:
+        call(url, "POST", f"{NS}/rolloutpools", docs["RolloutPool"])
+        secret = _eventually(lambda: _get(url, "/api/v1/namespaces/default/secrets/cadence-token"))
+        token = base64.b64decode(secret["data"]["token"]).decode()
+        model = make_tiny_llama(tmp_path / "model")
+        config = children.trainer_config(TrainingRun.model_validate(docs["TrainingRun"]))
+        config = config.model_copy(update={"model_path": model, "state_dir": tmp_path / "state"})
+        (tmp_path / "trainer.json").write_text(config.model_dump_json())
+        port = free_port()
+        env = {**os.environ, "CADENCE_TOKEN": token}
+        log = (tmp_path / "trainer.log").open("wb")
+        trainer_process = subprocess.Popen(
+            [*CADENCE, "trainer", "--config", str(tmp_path / "trainer.json"), "--port", str(port)],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        pods = [("mixed-h800-0", "H800", 2), ("mixed-h800-1", "H800", 2)]
+        pods += [("mixed-a910x-0", "A910X", 1), ("mixed-a910x-1", "A910X", 1)]
+        hosted = [a for p in pods for a in ("--hosted", ":".join(map(str, p)))]
+        args = [*hosted, "--model-path", str(model), "--weights-dir", str(tmp_path / "w")]
+        try:
+            trainer["url"] = f"http://127.0.0.1:{port}"
+            wait_healthy([trainer["url"]], [trainer_process], within_s=120)
+            with worker_processes(
+                ["host"],
+                lambda _: [*args, "--trainer-url", trainer["url"]],
+                env={"CADENCE_TOKEN": token},
+                within_s=120,
+            ) as hosts:
+                endpoints.update({name: f"{hosts['host']}/{name}" for name, _, _ in pods})
+                call(url, "POST", f"{NS}/trainingruns", docs["TrainingRun"])
+                status = _eventually(
+                    lambda: (
+                        _status(url, f"{NS}/trainingruns/digits").get("phase") == "Succeeded"
+                        and _status(url, f"{NS}/trainingruns/digits")
+                    ),
+                    timeout=120,
+                )
+        finally:
+            trainer_process.terminate()
+            trainer_process.wait(timeout=30)
+    assert status["policyVersion"] == 3 and status["step"] == 3
+    assert status["tokensPerSecond"] > 0 and 0 < status["latencyP50S"] <= status["latencyP95S"]
+    assert status["tokensPerDollar"] > 0
+    db = sqlite3.connect(tmp_path / "state" / "ledger.db")
+    states = dict(db.execute("SELECT state, COUNT(*) FROM samples GROUP BY state").fetchall())
+    assert states == {"consumed": 3 * 8 * 8}  # every admitted sample ended, once
+
+
+def _get(url: str, path: str) -> dict[str, Any] | None:
+    try:
+        found: dict[str, Any] = call(url, "GET", path)
+    except ApiError:
+        return None
+    return found
