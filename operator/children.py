@@ -315,17 +315,21 @@ class WorkerView:
 
 
 def choose_for_scale_in(
-    workers: Sequence[WorkerView], unfinished_versions: set[int], count: int
+    workers: Sequence[WorkerView],
+    unfinished_versions: set[int],
+    count: int,
+    others: Sequence[WorkerView] = (),
 ) -> list[str]:
-    """Up to `count` pods to remove, one at a time (DESIGN.md): never the last non-source
-    worker of a version with unfinished work; among the rest, a concentration source
-    first, then the emptiest (fewest resident tokens), then by name. Fewer than `count`
-    when the rule protects the rest: the caller waits for work to finish."""
+    """Up to `count` of `workers` to remove, one at a time (DESIGN.md): never the last
+    non-source worker of a version with unfinished work, counting the pool's `others`
+    too; among the rest, a concentration source first, then the emptiest (fewest
+    resident tokens), then by name. Fewer than `count` when the rule protects the rest:
+    the caller waits for work to finish."""
     left, chosen = list(workers), list[str]()
     while len(chosen) < count:
         protected = set()
         for v in unfinished_versions:
-            serving = [w for w in left if w.version == v and not w.source]
+            serving = [w for w in [*left, *others] if w.version == v and not w.source]
             if len(serving) == 1:
                 protected.add(serving[0].pod)
         candidates = [w for w in left if w.pod not in protected]

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import base64
 import datetime
+import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -29,7 +30,7 @@ import kopf
 from pydantic import BaseModel, ValidationError
 
 from cadence.operator import children
-from cadence.operator.kube import Kube, path
+from cadence.operator.kube import Kube, KubeError, path
 from cadence.operator.loop import ControlLoop, LoopConfig
 from cadence.operator.resources import (
     API_VERSION,
@@ -42,6 +43,9 @@ from cadence.operator.resources import (
 from cadence.operator.scheduler.registry import POLICIES
 from cadence.operator.scheduler.snapshot import Knobs
 from cadence.trainer.client import TrainerClient, TrainerError
+from cadence.worker.client import WorkerClient, WorkerError
+
+log = logging.getLogger("cadence.operator")
 
 Status = dict[str, Any]
 Events = list[tuple[str, str]]  # (reason, message) for the handler to publish
@@ -167,10 +171,12 @@ class Reconciler:
                     live.append(pod)
                 index += 1
         elif len(live) > desired:
-            views = [
-                children.WorkerView(p["metadata"]["name"], None, 0, 0) for p in live
-            ]  # without the loop's view: the emptiest is unknown, names decide
-            for name in children.choose_for_scale_in(views, set(), len(live) - desired):
+            views, others, unfinished = await self._views(
+                ns, g.pool, {p["metadata"]["name"] for p in live}
+            )
+            for name in children.choose_for_scale_in(
+                views, unfinished, len(live) - desired, others
+            ):
                 await self.kube.delete(path("v1", "pods", ns, name))
                 events.append(("ScaledIn", f"pod {name} drains and goes"))
                 live = [p for p in live if p["metadata"]["name"] != name]
@@ -179,6 +185,42 @@ class Reconciler:
             "readyReplicas": sum(_ready(p) for p in live),
             "selector": children.group_selector(group),
         }
+
+    async def _views(
+        self, ns: str, pool_name: str, group_pods: set[str]
+    ) -> tuple[list[children.WorkerView], list[children.WorkerView], set[int]]:
+        """Every worker of the pool as scale-in sees it, from its own state (version,
+        residents), split into this group's and the others; and the versions with
+        unfinished work. A worker that does not answer counts as holding nothing."""
+        pool_obj = await self.kube.get(self._pool_url(ns, pool_name))
+        token = ""
+        if pool_obj is not None:
+            secret_name = pool_obj["spec"].get("tokenSecret", "cadence-token")
+            secret = await self.kube.get(path("v1", "secrets", ns, secret_name))
+            if secret is not None:
+                token = base64.b64decode(secret["data"][children.TOKEN_KEY]).decode()
+        pods = await self.kube.list(path("v1", "pods", ns), {"cadence.dev/pool": pool_name})
+        views: list[children.WorkerView] = []
+        others: list[children.WorkerView] = []
+        unfinished: set[int] = set()
+        for pod in pods:
+            name, url = pod["metadata"]["name"], self.endpoint(pod)
+            view = children.WorkerView(name, None, 0, 0)
+            if url is not None and token:
+                client = WorkerClient(url, token, timeout_s=5.0)
+                try:
+                    st = await client.state()
+                except (WorkerError, httpx.TransportError):
+                    pass
+                else:
+                    unfinished |= {r.version for r in st.residents}
+                    unfinished |= {p.version for p in st.parked}
+                    used = sum(r.context for r in st.residents)
+                    view = children.WorkerView(name, st.version, used, len(st.residents))
+                finally:
+                    await client.aclose()
+            (views if name in group_pods else others).append(view)
+        return views, others, unfinished
 
     async def run(self, body: Mapping[str, Any], events: Events) -> Status:
         run: TrainingRun = validated(TrainingRun, body)
@@ -246,7 +288,16 @@ class Reconciler:
         if secret is None:
             return  # the pool's handler makes it; the daemon is restarted by kopf
         token = base64.b64decode(secret["data"][children.TOKEN_KEY]).decode()
-        client = TrainerClient(self.trainer_endpoint(run), token)
+        client = TrainerClient(self.trainer_endpoint(run), token, timeout_s=5.0)
+        while not stopped:  # the trainer's pod may still be starting
+            try:
+                await client.stats()
+                break
+            except (TrainerError, OSError, httpx.HTTPError):
+                await stopped.wait(2.0)
+        if stopped:
+            await client.aclose()
+            return
         s = run.spec.scheduler
         loop = ControlLoop(
             POLICIES[s.policy](),
@@ -266,7 +317,13 @@ class Reconciler:
             nonlocal patched, hourly
             if stopped:
                 return True
-            pods = await self.kube.list(path("v1", "pods", ns), {"cadence.dev/pool": run.spec.pool})
+            try:
+                pods = await self.kube.list(
+                    path("v1", "pods", ns), {"cadence.dev/pool": run.spec.pool}
+                )
+            except (KubeError, httpx.TransportError) as e:
+                log.warning("listing %s's pods failed; retried next cycle: %s", run.spec.pool, e)
+                return False
             joined = {}
             for pod in pods:
                 url = self.endpoint(pod)

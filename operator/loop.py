@@ -69,6 +69,10 @@ class LoopConfig:
     knobs: Knobs
     period_s: float = 0.5
     state_timeout_s: float = 2.0
+    # Placing pulls a departed trajectory from its source (claim, start, release): a
+    # busy host needs longer than a state read. A call that times out may still land;
+    # its sample is re-queued under a new attempt and the late copy is fenced off.
+    action_timeout_s: float = 15.0
     lost_after_s: float = 10.0
     max_tool_calls: int = 0
 
@@ -165,7 +169,9 @@ class ControlLoop:
             try:
                 await self.cycle()
             except (TrainerError, OSError, httpx.TransportError) as e:
-                log.warning("cycle skipped: %s", e)
+                request = getattr(e, "_request", None)  # which service, for a transport error
+                where = f" ({request.method} {request.url})" if request is not None else ""
+                log.warning("cycle skipped: %s%s", e, where)
             await asyncio.sleep(max(0.0, self.config.period_s - (self.clock() - started)))
 
     # --- one cycle ---------------------------------------------------------------------
@@ -330,14 +336,14 @@ class ControlLoop:
         evicts = [a for a in actions if isinstance(a, Evict)]
         results = await self._bulk(
             [(a.worker, a.trajectory) for a in evicts],
-            lambda w, rid: self._clients[w].evict(rid),
-            lambda host, items: self._hosts[host].evict(items),
+            lambda w, rid: self._clients[w].evict(rid, self.config.action_timeout_s),
+            lambda host, items: self._hosts[host].evict(items, self.config.action_timeout_s),
         )
         parked = []
         for evict, result in zip(evicts, results, strict=True):
             if isinstance(result, BaseException):
                 errors += 1
-                log.warning("%s failed: %s", evict, result)
+                log.warning("%s failed: %r", evict, result)
                 continue
             attempt = attempts.get(evict.trajectory, result.attempt)
             parked.append(
@@ -442,13 +448,13 @@ class ControlLoop:
             await self._clients[action.worker].advance(request)
         except (WorkerError, TrainerError, OSError, httpx.TransportError) as e:
             self._totals["errors"] += 1
-            log.warning("%s failed: %s", action, e)
+            log.warning("%s failed: %r", action, e)
             return
         try:
             self._totals["errors"] += await then()
         except (TrainerError, OSError, httpx.TransportError) as e:
             self._totals["errors"] += 1
-            log.warning("placing after %s failed: %s", action, e)
+            log.warning("placing after %s failed: %r", action, e)
 
     async def _place(
         self,
@@ -494,15 +500,15 @@ class ControlLoop:
         await self.trainer.record_many(records)
         results = await self._bulk(
             [(a.worker, r) for a, r in zip(places, requests, strict=True)],
-            lambda w, r: self._clients[w].place(r),
-            lambda host, items: self._hosts[host].place(items),
+            lambda w, r: self._clients[w].place(r, self.config.action_timeout_s),
+            lambda host, items: self._hosts[host].place(items, self.config.action_timeout_s),
         )
         errors, back = 0, []
         for r, result in zip(requests, results, strict=True):
             if not isinstance(result, BaseException):
                 continue
             errors += 1
-            log.warning("placing %s failed: %s", r.id, result)
+            log.warning("placing %s failed: %r", r.id, result)
             if r.fresh is not None:
                 await self.trainer.requeue(r.id)
             elif r.source is not None:

@@ -88,6 +88,10 @@ async def decode_forever(core: WorkerCore, retry_s: float = 0.2) -> None:
             await core.outbox.flush()
             await asyncio.sleep(retry_s)
             continue
+        if core.unreleased:  # hand-offs whose acknowledgement failed
+            await core.retry_releases()
+            await asyncio.sleep(retry_s)
+            continue
         core.engine.wake.clear()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(core.engine.wake.wait(), timeout=1.0)

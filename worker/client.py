@@ -46,12 +46,14 @@ class WorkerClient(ServiceClient):
     async def state(self) -> WorkerState:
         return WorkerState.model_validate(await self._call("GET", "/v1/state"))
 
-    async def place(self, req: PlaceRequest) -> PlaceResponse:
-        return PlaceResponse.model_validate(await self._call("POST", "/v1/trajectories", req))
+    async def place(self, req: PlaceRequest, timeout_s: float | None = None) -> PlaceResponse:
+        return PlaceResponse.model_validate(
+            await self._call("POST", "/v1/trajectories", req, timeout_s=timeout_s)
+        )
 
-    async def evict(self, rid: str) -> EvictResponse:
+    async def evict(self, rid: str, timeout_s: float | None = None) -> EvictResponse:
         return EvictResponse.model_validate(
-            await self._call("POST", f"/v1/trajectories/{rid}/evict")
+            await self._call("POST", f"/v1/trajectories/{rid}/evict", timeout_s=timeout_s)
         )
 
     async def claim(self, rid: str, req: ClaimRequest) -> TrajectoryState:
@@ -86,15 +88,19 @@ class HostClient(ServiceClient):
         return HostStates.model_validate(await self._call("GET", "/v1/states")).states
 
     async def place(
-        self, items: list[tuple[str, PlaceRequest]]
+        self, items: list[tuple[str, PlaceRequest]], timeout_s: float | None = None
     ) -> list[PlaceResponse | WorkerError]:
         body = HostPlaceMany(items=[HostPlace(worker=w, request=r) for w, r in items])
-        outcomes = Outcomes.model_validate(await self._call("POST", "/v1/place", body))
+        answer = await self._call("POST", "/v1/place", body, timeout_s=timeout_s)
+        outcomes = Outcomes.model_validate(answer)
         return [o.placed if o.placed is not None else self._error(o) for o in outcomes.items]
 
-    async def evict(self, items: list[tuple[str, str]]) -> list[EvictResponse | WorkerError]:
+    async def evict(
+        self, items: list[tuple[str, str]], timeout_s: float | None = None
+    ) -> list[EvictResponse | WorkerError]:
         body = HostEvictMany(items=[HostEvict(worker=w, id=i) for w, i in items])
-        outcomes = Outcomes.model_validate(await self._call("POST", "/v1/evict", body))
+        answer = await self._call("POST", "/v1/evict", body, timeout_s=timeout_s)
+        outcomes = Outcomes.model_validate(answer)
         return [o.evicted if o.evicted is not None else self._error(o) for o in outcomes.items]
 
     @staticmethod

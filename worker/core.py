@@ -301,27 +301,36 @@ class WorkerCore:
         self._start(held)  # on failure nothing is released: the state stays parked there
         release = ReleaseRequest(attempt=req.attempt, destination=self.identity.worker_id)
         self.unreleased[req.id] = (req.source, release)
-        await self.retry_releases()
+        await self._release(req.id)
         return self._placed(held)
 
     async def retry_releases(self) -> None:
         """Acknowledge hand-offs to their sources. A failed acknowledgement is kept and
-        retried: the trajectory runs here meanwhile, and its source keeps the state
-        parked under this worker's claim, so nobody else can start it."""
-        for rid, (source, release) in list(self.unreleased.items()):
-            try:
-                await self.release_at(source, rid, release)
-            except Refused as e:
-                if e.reason != "not_claimed":
-                    continue
-                # A newer attempt claimed it meanwhile: this copy is stale, stop it.
-                held = self.resident.get(rid)
-                if held is not None and held.attempt == release.attempt:
-                    del self.resident[rid]
-                    self.engine.abort(rid)
-            except Exception:  # the source is unreachable for now
-                continue
-            self.unreleased.pop(rid, None)
+        retried (each placement retries its own; the decode loop retries the rest): the
+        trajectory runs here meanwhile, and its source keeps the state parked under this
+        worker's claim, so nobody else can start it."""
+        for rid in list(self.unreleased):
+            await self._release(rid)
+
+    async def _release(self, rid: str) -> None:
+        entry = self.unreleased.get(rid)
+        if entry is None:
+            return
+        source, release = entry
+        try:
+            await self.release_at(source, rid, release)
+        except Refused as e:
+            if e.reason != "not_claimed":
+                return
+            # A newer attempt claimed it meanwhile: this copy is stale, stop it.
+            held = self.resident.get(rid)
+            if held is not None and held.attempt == release.attempt:
+                del self.resident[rid]
+                self.engine.abort(rid)
+        except Exception:  # the source is unreachable for now
+            return
+        if self.unreleased.get(rid) == entry:
+            del self.unreleased[rid]
 
     def _start(self, held: Held) -> None:
         budget = held.max_tokens - held.generated

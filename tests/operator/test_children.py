@@ -125,3 +125,14 @@ def test_scale_in_chooses_by_the_design_rule(
     workers: list[WorkerView], unfinished: set[int], count: int, chosen: list[str]
 ) -> None:
     assert choose_for_scale_in(workers, unfinished, count) == chosen
+
+
+def test_scale_in_counts_the_pools_other_groups_as_hosts() -> None:
+    a910x = [W("a910x-0", 1, 300, 3), W("a910x-1", 2, 0, 0)]
+    # a910x-0 is the pool's last worker of version 1, which has work: a910x-1 goes.
+    assert choose_for_scale_in(a910x, {1, 2}, 1, others=[W("h800-0", 2, 0, 0)]) == ["a910x-1"]
+    # An H800 also serving version 1 frees it; the emptier a910x-1 still goes first.
+    assert choose_for_scale_in(a910x, {1}, 2, others=[W("h800-0", 1, 0, 0)]) == [
+        "a910x-1",
+        "a910x-0",
+    ]

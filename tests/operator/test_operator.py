@@ -15,9 +15,11 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
 import kopf
 import pytest
 import yaml
@@ -67,43 +69,53 @@ def _status(url: str, path: str) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def operator_on(
-    make: Callable[[Kube], Reconciler] = Reconciler,
-) -> Iterator[str]:
-    """The emulator with the CRDs, and the operator running against it in a thread of
-    its own (kopf cancels every task of its loop when it stops)."""
+def emulator() -> Iterator[str]:
+    """The test emulator with the CRDs applied; yields its URL."""
     with serve(KubernetesEmulator()) as url:
         for path in sorted((ROOT / "crds").glob("*.cadence.dev.yaml")):
             call(url, "POST", CRDS, yaml.safe_load(path.read_text()))
-        stop = threading.Event()
-        errors: list[BaseException] = []
+        yield url
 
-        def run() -> None:
-            async def main() -> None:
-                kube = Kube(url)
-                try:
-                    await kopf.operator(
-                        registry=operator_registry(kube, url, make(kube)),
-                        standalone=True,
-                        namespaces=["default"],
-                        stop_flag=stop,
-                    )
-                finally:
-                    await kube.aclose()
 
+@contextlib.contextmanager
+def operator_thread(url: str, make: Callable[[Kube], Reconciler] = Reconciler) -> Iterator[None]:
+    """The operator against `url`, in a thread of its own (kopf cancels every task of
+    its loop when it stops); stopping it is an operator restart's first half."""
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        async def main() -> None:
+            kube = Kube(url)
             try:
-                asyncio.run(main())
-            except BaseException as e:
-                errors.append(e)
+                await kopf.operator(
+                    registry=operator_registry(kube, url, make(kube)),
+                    standalone=True,
+                    namespaces=["default"],
+                    stop_flag=stop,
+                )
+            finally:
+                await kube.aclose()
 
-        thread = threading.Thread(target=run, daemon=True)
-        thread.start()
         try:
-            yield url
-        finally:
-            stop.set()
-            thread.join(timeout=20)
-        assert not thread.is_alive() and errors == []
+            asyncio.run(main())
+        except BaseException as e:
+            errors.append(e)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=20)
+    assert not thread.is_alive() and errors == []
+
+
+@contextlib.contextmanager
+def operator_on(make: Callable[[Kube], Reconciler] = Reconciler) -> Iterator[str]:
+    with emulator() as url, operator_thread(url, make):
+        yield url
 
 
 @pytest.fixture
@@ -241,71 +253,180 @@ def test_kubectl_shows_the_columns(cluster: str, tmp_path: Path) -> None:
     assert run_row[1:3] == ["mixed", "Running"]
 
 
-def test_the_operator_runs_the_control_loop_on_the_pools_pods(tmp_path: Path) -> None:
-    """End to end: pod endpoints point at emulated workers on this machine (one host
-    process whose workers are named as the operator names its pods), the run's trainer
-    endpoint at a trainer process; the run trains to its last version."""
-    endpoints: dict[str, str] = {}
-    trainer: dict[str, str] = {}
+PODS_HERE = [
+    ("mixed-h800-0", "H800", 2),
+    ("mixed-h800-1", "H800", 2),
+    ("mixed-a910x-0", "A910X", 1),
+    ("mixed-a910x-1", "A910X", 1),
+]
 
-    def reconciler(kube: Kube) -> Reconciler:
+
+@dataclass
+class Local:
+    """Processes on this machine standing in for the pods: one worker host whose workers
+    are named as the operator names its pods, and the run's trainer."""
+
+    endpoints: dict[str, str] = field(default_factory=dict)  # pod name -> worker URL
+    trainer: str = ""
+    host: str = ""
+    token: str = ""
+
+    def reconciler(self, kube: Kube) -> Reconciler:
         return Reconciler(
             kube,
-            endpoint=lambda pod: endpoints.get(pod["metadata"]["name"]),
-            trainer_endpoint=lambda _: trainer["url"],
+            endpoint=lambda pod: self.endpoints.get(pod["metadata"]["name"]),
+            trainer_endpoint=lambda _: self.trainer,
             status_every_s=0.5,
         )
 
-    text = EXAMPLE.read_text().replace("iterations: 30", "iterations: 3")
-    docs = {d["kind"]: d for d in yaml.safe_load_all(text) if d}
-    with operator_on(reconciler) as url:
+
+def _docs(iterations: int) -> dict[str, dict[str, Any]]:
+    text = EXAMPLE.read_text().replace("iterations: 30", f"iterations: {iterations}")
+    return {d["kind"]: d for d in yaml.safe_load_all(text) if d}
+
+
+@contextlib.contextmanager
+def processes(url: str, local: Local, run: dict[str, Any], tmp_path: Path) -> Iterator[None]:
+    """Once the pool's Secret exists: the trainer and the worker host, with its token."""
+    secret = _eventually(lambda: _get(url, "/api/v1/namespaces/default/secrets/cadence-token"))
+    local.token = base64.b64decode(secret["data"]["token"]).decode()
+    model = make_tiny_llama(tmp_path / "model")
+    config = children.trainer_config(TrainingRun.model_validate(run))
+    config = config.model_copy(update={"model_path": model, "state_dir": tmp_path / "state"})
+    (tmp_path / "trainer.json").write_text(config.model_dump_json())
+    port = free_port()
+    trainer = subprocess.Popen(
+        [*CADENCE, "trainer", "--config", str(tmp_path / "trainer.json"), "--port", str(port)],
+        env={**os.environ, "CADENCE_TOKEN": local.token},
+        stdout=(tmp_path / "trainer.log").open("wb"),
+        stderr=subprocess.STDOUT,
+    )
+    hosted = [a for p in PODS_HERE for a in ("--hosted", ":".join(map(str, p)))]
+    args = [*hosted, "--model-path", str(model), "--weights-dir", str(tmp_path / "w")]
+    try:
+        local.trainer = f"http://127.0.0.1:{port}"
+        wait_healthy([local.trainer], [trainer], within_s=120)
+        with worker_processes(
+            ["host"],
+            lambda _: [*args, "--trainer-url", local.trainer, "--grace-s", "30"],
+            env={"CADENCE_TOKEN": local.token},
+            within_s=120,
+        ) as hosts:
+            local.host = hosts["host"]
+            local.endpoints.update({name: f"{local.host}/{name}" for name, _, _ in PODS_HERE})
+            yield
+    finally:
+        trainer.terminate()
+        trainer.wait(timeout=30)
+
+
+class Watcher(threading.Thread):
+    """Polls every worker's state while a run goes on and records any trajectory found
+    resident on two workers at once; as the kubelet would, it drains the worker of a
+    pod the operator deleted (SIGTERM drains a real worker)."""
+
+    def __init__(self, url: str, local: Local) -> None:
+        super().__init__(daemon=True)
+        self.url, self.local = url, local
+        self.doubles: list[tuple[str, list[str]]] = []
+        self.polls = 0
+        self.drained: list[str] = []
+        self.seen: set[str] = set()  # pods that existed: one gone is one deleted
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        auth = {"Authorization": f"Bearer {self.local.token}"}
+        with httpx.Client(headers=auth, timeout=5.0) as http:
+            while not self.stop.is_set():
+                states = http.get(f"{self.local.host}/v1/states").json()["states"]
+                where: dict[str, list[str]] = {}
+                for wid, st in states.items():
+                    for r in st["residents"]:
+                        where.setdefault(r["id"], []).append(wid)
+                self.doubles += [(t, ws) for t, ws in where.items() if len(ws) > 1]
+                self.polls += 1
+                alive = {p["metadata"]["name"] for p in call(self.url, "GET", PODS)["items"]}
+                for name in self.seen - alive - set(self.drained):
+                    http.post(f"{self.local.host}/{name}/v1/drain")
+                    self.drained.append(name)
+                self.seen |= alive
+                time.sleep(0.05)
+
+
+def _ledger_is_whole(tmp_path: Path, samples: int) -> None:
+    db = sqlite3.connect(tmp_path / "state" / "ledger.db")
+    states = dict(db.execute("SELECT state, COUNT(*) FROM samples GROUP BY state").fetchall())
+    assert states == {"consumed": samples}  # every admitted sample ended
+    accepted = db.execute(
+        "SELECT COUNT(*), COUNT(DISTINCT id) FROM arrivals WHERE outcome = 'accepted'"
+    ).fetchone()
+    assert accepted == (samples, samples)  # once: no attempt accepted twice
+
+
+def _run_status(url: str) -> dict[str, Any]:
+    return _status(url, f"{NS}/trainingruns/digits")
+
+
+def test_the_operator_runs_the_control_loop_on_the_pools_pods(tmp_path: Path) -> None:
+    """End to end: pod endpoints point at the emulated workers, the trainer endpoint at
+    the trainer process; the run trains to its last version."""
+    local, docs = Local(), _docs(3)
+    with operator_on(local.reconciler) as url:
         call(url, "POST", f"{NS}/rolloutpools", docs["RolloutPool"])
-        secret = _eventually(lambda: _get(url, "/api/v1/namespaces/default/secrets/cadence-token"))
-        token = base64.b64decode(secret["data"]["token"]).decode()
-        model = make_tiny_llama(tmp_path / "model")
-        config = children.trainer_config(TrainingRun.model_validate(docs["TrainingRun"]))
-        config = config.model_copy(update={"model_path": model, "state_dir": tmp_path / "state"})
-        (tmp_path / "trainer.json").write_text(config.model_dump_json())
-        port = free_port()
-        env = {**os.environ, "CADENCE_TOKEN": token}
-        log = (tmp_path / "trainer.log").open("wb")
-        trainer_process = subprocess.Popen(
-            [*CADENCE, "trainer", "--config", str(tmp_path / "trainer.json"), "--port", str(port)],
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-        pods = [("mixed-h800-0", "H800", 2), ("mixed-h800-1", "H800", 2)]
-        pods += [("mixed-a910x-0", "A910X", 1), ("mixed-a910x-1", "A910X", 1)]
-        hosted = [a for p in pods for a in ("--hosted", ":".join(map(str, p)))]
-        args = [*hosted, "--model-path", str(model), "--weights-dir", str(tmp_path / "w")]
-        try:
-            trainer["url"] = f"http://127.0.0.1:{port}"
-            wait_healthy([trainer["url"]], [trainer_process], within_s=120)
-            with worker_processes(
-                ["host"],
-                lambda _: [*args, "--trainer-url", trainer["url"]],
-                env={"CADENCE_TOKEN": token},
-                within_s=120,
-            ) as hosts:
-                endpoints.update({name: f"{hosts['host']}/{name}" for name, _, _ in pods})
-                call(url, "POST", f"{NS}/trainingruns", docs["TrainingRun"])
-                status = _eventually(
-                    lambda: (
-                        _status(url, f"{NS}/trainingruns/digits").get("phase") == "Succeeded"
-                        and _status(url, f"{NS}/trainingruns/digits")
-                    ),
-                    timeout=120,
-                )
-        finally:
-            trainer_process.terminate()
-            trainer_process.wait(timeout=30)
+        with processes(url, local, docs["TrainingRun"], tmp_path):
+            call(url, "POST", f"{NS}/trainingruns", docs["TrainingRun"])
+            status = _eventually(
+                lambda: _run_status(url).get("phase") == "Succeeded" and _run_status(url),
+                timeout=120,
+            )
     assert status["policyVersion"] == 3 and status["step"] == 3
     assert status["tokensPerSecond"] > 0 and 0 < status["latencyP50S"] <= status["latencyP95S"]
     assert status["tokensPerDollar"] > 0
-    db = sqlite3.connect(tmp_path / "state" / "ledger.db")
-    states = dict(db.execute("SELECT state, COUNT(*) FROM samples GROUP BY state").fetchall())
-    assert states == {"consumed": 3 * 8 * 8}  # every admitted sample ended, once
+    _ledger_is_whole(tmp_path, 3 * 8 * 8)
+
+
+def test_an_operator_restarted_mid_run_rebuilds_and_finishes_it(tmp_path: Path) -> None:
+    local, docs = Local(), _docs(6)
+    with emulator() as url:
+        first = operator_thread(url, local.reconciler)
+        first.__enter__()
+        call(url, "POST", f"{NS}/rolloutpools", docs["RolloutPool"])
+        with processes(url, local, docs["TrainingRun"], tmp_path):
+            watcher = Watcher(url, local)
+            watcher.start()
+            call(url, "POST", f"{NS}/trainingruns", docs["TrainingRun"])
+            _eventually(lambda: _run_status(url).get("policyVersion", 0) >= 2, timeout=120)
+            first.__exit__(None, None, None)  # the operator goes, its loop with it
+            with operator_thread(url, local.reconciler):
+                _eventually(lambda: _run_status(url).get("phase") == "Succeeded", timeout=120)
+            watcher.stop.set()
+            watcher.join(timeout=10)
+    assert watcher.polls > 20 and watcher.doubles == []
+    _ledger_is_whole(tmp_path, 6 * 8 * 8)
+
+
+def test_scale_in_mid_run_drains_the_chosen_worker_and_loses_nothing(tmp_path: Path) -> None:
+    local, docs = Local(), _docs(6)
+    with operator_on(local.reconciler) as url:
+        call(url, "POST", f"{NS}/rolloutpools", docs["RolloutPool"])
+        with processes(url, local, docs["TrainingRun"], tmp_path):
+            watcher = Watcher(url, local)
+            watcher.start()
+            call(url, "POST", f"{NS}/trainingruns", docs["TrainingRun"])
+            _eventually(lambda: _run_status(url).get("policyVersion", 0) >= 2, timeout=120)
+            call(url, "PATCH", f"{NS}/rolloutgroups/mixed-a910x/scale", {"spec": {"replicas": 1}})
+            _eventually(lambda: len(_pods(url, "a910x")) == 1)
+            _eventually(lambda: _run_status(url).get("phase") == "Succeeded", timeout=120)
+            watcher.stop.set()
+            watcher.join(timeout=10)
+            gone = watcher.drained
+            auth = {"Authorization": f"Bearer {local.token}"}
+            states = httpx.get(f"{local.host}/v1/states", headers=auth).json()["states"]
+    assert len(gone) == 1 and gone[0].startswith("mixed-a910x-")
+    assert states[gone[0]]["draining"] and not states[gone[0]]["residents"]
+    assert not states[gone[0]]["parked"]  # its work moved to the others
+    assert watcher.doubles == []
+    _ledger_is_whole(tmp_path, 6 * 8 * 8)
 
 
 def _get(url: str, path: str) -> dict[str, Any] | None:
