@@ -186,6 +186,13 @@ class Reconciler:
             "selector": children.group_selector(group),
         }
 
+    async def _token(self, ns: str, secret_name: str) -> str | None:
+        """The pool's bearer token, from the Secret the pool's handler made."""
+        secret = await self.kube.get(path("v1", "secrets", ns, secret_name))
+        if secret is None:
+            return None
+        return base64.b64decode(secret["data"][children.TOKEN_KEY]).decode()
+
     async def _views(
         self, ns: str, pool_name: str, group_pods: set[str]
     ) -> tuple[list[children.WorkerView], list[children.WorkerView], set[int]]:
@@ -193,12 +200,9 @@ class Reconciler:
         residents), split into this group's and the others; and the versions with
         unfinished work. A worker that does not answer counts as holding nothing."""
         pool_obj = await self.kube.get(self._pool_url(ns, pool_name))
-        token = ""
+        token = None
         if pool_obj is not None:
-            secret_name = pool_obj["spec"].get("tokenSecret", "cadence-token")
-            secret = await self.kube.get(path("v1", "secrets", ns, secret_name))
-            if secret is not None:
-                token = base64.b64decode(secret["data"][children.TOKEN_KEY]).decode()
+            token = await self._token(ns, pool_obj["spec"].get("tokenSecret", "cadence-token"))
         pods = await self.kube.list(path("v1", "pods", ns), {"cadence.dev/pool": pool_name})
         views: list[children.WorkerView] = []
         others: list[children.WorkerView] = []
@@ -284,10 +288,9 @@ class Reconciler:
         if stopped or pool_obj is None:
             return
         pool: RolloutPool = validated(RolloutPool, pool_obj)
-        secret = await self.kube.get(path("v1", "secrets", ns, pool.spec.token_secret))
-        if secret is None:
+        token = await self._token(ns, pool.spec.token_secret)
+        if token is None:
             return  # the pool's handler makes it; the daemon is restarted by kopf
-        token = base64.b64decode(secret["data"][children.TOKEN_KEY]).decode()
         client = TrainerClient(self.trainer_endpoint(run), token, timeout_s=5.0)
         while not stopped:  # the trainer's pod may still be starting
             try:
@@ -317,6 +320,10 @@ class Reconciler:
             nonlocal patched, hourly
             if stopped:
                 return True
+            # The pool's pods and the run's status, at a bounded rate, not every cycle.
+            if time.monotonic() - patched < self.status_every_s:
+                return False
+            patched = time.monotonic()
             try:
                 pods = await self.kube.list(
                     path("v1", "pods", ns), {"cadence.dev/pool": run.spec.pool}
@@ -334,9 +341,6 @@ class Reconciler:
             hourly = sum(
                 prices.get(p["metadata"]["labels"].get("cadence.dev/group", ""), 0.0) for p in pods
             )
-            if time.monotonic() - patched < self.status_every_s:
-                return False
-            patched = time.monotonic()
             try:
                 stats = await client.stats()
             except (TrainerError, OSError, httpx.TransportError):

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from cadence.operator.children import trainer_config
 from cadence.operator.localpool import Children
 from cadence.operator.loop import ControlLoop, LoopConfig
 from cadence.operator.resources import MultiTurnSpec, RolloutPool, TrainingRun
@@ -127,21 +128,8 @@ async def run(
     workdir.mkdir(parents=True, exist_ok=True)
     model = Path(spec.model.path) if spec.model.path else make_tiny_llama(workdir / "model")
     token = secrets.token_hex(16)
-    config = TrainerConfig(
-        model_path=model,
-        state_dir=workdir / "trainer",
-        task=spec.dataset.task,
-        group_size=spec.batch.samples_per_prompt,
-        batch_groups=spec.batch.prompts_per_batch,
-        iterations=spec.batch.iterations,
-        eta=spec.scheduler.eta,
-        learning_rate=spec.trainer.learning_rate,
-        clip_eps=spec.trainer.clip_eps,
-        epochs=spec.trainer.epochs,
-        advantages=spec.trainer.advantages,
-        max_tokens=spec.batch.max_tokens,
-        temperature=spec.batch.temperature,
-        seed=options.seed,
+    config = trainer_config(training).model_copy(
+        update={"model_path": model, "state_dir": workdir / "trainer", "seed": options.seed}
     )
     (workdir / "trainer.json").write_text(config.model_dump_json(indent=2))
     workers = pool_workers(pool)
