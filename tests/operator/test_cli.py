@@ -114,3 +114,42 @@ def test_service_commands_refuse_bad_settings_in_one_sentence(
     err = capsys.readouterr().err
     assert err.startswith("cadence: error: ") and err.count("\n") == 1
     assert message in err
+
+
+EXAMPLE_RUN = Path(__file__).parents[2] / "manifests" / "examples" / "trainingrun.yaml"
+
+
+@pytest.mark.parametrize(
+    ("argv", "sentence"),
+    [
+        (["run", str(EXAMPLE_RUN), "--chaos", "0"], "--chaos takes the seconds between faults"),
+        (["run", str(EXAMPLE_RUN), "--policy", "sync", "--compare", "a,b"], "not both"),
+        (["bench", "agreement", "--compression", "2"], "--compression must be above 0"),
+        (["bench", "agreement", "--policies", "nope"], "unknown policy nope"),
+        (["operator"], "give --all-namespaces or one or more --namespace"),
+        (["trainer", "--config", "/nonexistent/trainer.json"], "cannot read /nonexistent"),
+        (["trainer"], "give --model-path and --state-dir, or --config"),
+    ],
+)
+def test_the_new_commands_refuse_bad_input_in_one_sentence(
+    argv: list[str],
+    sentence: str,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("CADENCE_TOKEN", "s3cret")
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert sentence in err and err.count("\n") == 1
+
+
+def test_a_trainer_config_file_that_does_not_validate_names_the_field(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CADENCE_TOKEN", "s3cret")
+    config = tmp_path / "trainer.json"
+    config.write_text(
+        json.dumps({"model_path": str(tmp_path), "state_dir": str(tmp_path), "eta": -1})
+    )
+    assert main(["trainer", "--config", str(config)]) == 2
+    assert f"{config}: eta: Input should be greater than or equal to 0" in capsys.readouterr().err
