@@ -126,6 +126,7 @@ def worker_pod(
         "cadence.dev/group": g.group,
         "cadence.dev/accelerator": g.accelerator,
         "cadence.dev/affinity-rank": str(g.affinity),
+        "cadence.dev/run": run.metadata.name,
     }
     args = [
         "worker",

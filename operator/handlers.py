@@ -36,9 +36,11 @@ from cadence.operator.resources import (
     API_VERSION,
     GROUP,
     VERSION,
+    ResourceError,
     RolloutGroup,
     RolloutPool,
     TrainingRun,
+    check_pair,
 )
 from cadence.operator.scheduler.registry import POLICIES
 from cadence.operator.scheduler.snapshot import Knobs
@@ -115,6 +117,11 @@ class Reconciler:
         await self.kube.ensure(children.headless_service(pool, body))
         await self.kube.ensure(children.token_secret(pool, body))
         ns = pool.metadata.namespace
+        bound = (body.get("status") or {}).get("run")
+        if bound and await self.kube.get(path(API_VERSION, "trainingruns", ns, bound)) is None:
+            # Its run was deleted (its trainer goes with it, by owner references): the
+            # workers go too, and the pool may serve the next run.
+            await self._release(ns, pool.metadata.name, events)
         groups = await self.kube.list(
             path(API_VERSION, "rolloutgroups", ns), {"cadence.dev/pool": pool.metadata.name}
         )
@@ -154,7 +161,17 @@ class Reconciler:
         )
         selector = {"cadence.dev/pool": g.pool, "cadence.dev/group": g.group}
         pods = await self.kube.list(path("v1", "pods", ns), selector)
-        live = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+        live = []
+        for pod in pods:
+            if pod["metadata"].get("deletionTimestamp"):
+                continue
+            if run_obj is None or pod["metadata"]["labels"].get("cadence.dev/run") != run_name:
+                # A worker of a run that ended or went: it holds nothing of the pool's
+                # run, so the scale-in rule does not apply.
+                await self.kube.delete(path("v1", "pods", ns, pod["metadata"]["name"]))
+                events.append(("Retired", f"pod {pod['metadata']['name']}: its run ended"))
+                continue
+            live.append(pod)
         desired = g.replicas if pool_obj is not None and run_obj is not None else 0
         if len(live) < desired:
             assert pool_obj is not None and run_obj is not None
@@ -185,6 +202,10 @@ class Reconciler:
             "readyReplicas": sum(_ready(p) for p in live),
             "selector": children.group_selector(group),
         }
+
+    async def _release(self, ns: str, pool_name: str, events: Events) -> None:
+        await self.kube.patch(self._pool_url(ns, pool_name) + "/status", {"status": {"run": None}})
+        events.append(("Released", f"RolloutPool {pool_name}"))
 
     async def _token(self, ns: str, secret_name: str) -> str | None:
         """The pool's bearer token, from the Secret the pool's handler made."""
@@ -229,9 +250,14 @@ class Reconciler:
     async def run(self, body: Mapping[str, Any], events: Events) -> Status:
         run: TrainingRun = validated(TrainingRun, body)
         ns, name = run.metadata.namespace, run.metadata.name
-        if (body.get("status") or {}).get("phase") == "Succeeded":
-            return {}  # finished: its control loop wrote the last status
         pool_obj = await self.kube.get(self._pool_url(ns, run.spec.pool))
+        bound = ((pool_obj or {}).get("status") or {}).get("run")
+        if (body.get("status") or {}).get("phase") == "Succeeded":
+            # Finished (its control loop wrote the last status): the pool's workers go,
+            # and the pool may serve the next run.
+            if bound == name:
+                await self._release(ns, run.spec.pool, events)
+            return {}
         if pool_obj is None:
             return {
                 "phase": "Waiting",
@@ -239,7 +265,11 @@ class Reconciler:
                     condition("Ready", False, "PoolMissing", f"no RolloutPool {run.spec.pool}")
                 ],
             }
-        bound = (pool_obj.get("status") or {}).get("run")
+        pool: RolloutPool = validated(RolloutPool, pool_obj)
+        try:
+            check_pair(pool, run)
+        except ResourceError as e:
+            raise Invalid(str(e).removeprefix("TrainingRun ")) from None
         if bound and bound != name:
             return {
                 "phase": "Waiting",
@@ -257,7 +287,6 @@ class Reconciler:
                 self._pool_url(ns, run.spec.pool) + "/status", {"status": {"run": name}}
             )
             events.append(("Bound", f"RolloutPool {run.spec.pool}"))
-        pool: RolloutPool = validated(RolloutPool, pool_obj)
         for obj in children.trainer_objects(run, body, pool):
             await self.kube.ensure(obj)
         return {

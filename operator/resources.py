@@ -340,6 +340,13 @@ def check_pair(pool: RolloutPool, run: TrainingRun) -> None:
             f"TrainingRun spec.pool: it names pool {run.spec.pool!r}, "
             f"but the pool here is {pool.metadata.name!r}"
         )
+    from cadence.operator.capacity import check_capacity  # noqa: PLC0415 (it imports this)
+    from cadence.operator.scheduler.errors import StrandingError  # noqa: PLC0415
+
+    try:
+        check_capacity(pool, run)
+    except StrandingError as e:
+        raise ResourceError(f"TrainingRun spec.model: {e}") from None
 
 
 def _where(e: ValidationError, kind: str) -> str:

@@ -8,6 +8,8 @@ below closes those gaps:
 - `/api/v1/namespaces` and `/api/v1/namespaces/NAME` are parsed as Namespace requests
   (kmock reads `namespaces` as the namespace prefix of a resource path); the emulator
   starts with the bundled built-in kinds and a `default` Namespace, which kopf waits for.
+- an object created with `generateName` gets a name (kopf's Events do: kmock stores
+  them all under no name, so every Event after the first was refused).
 - objects get `uid`, `resourceVersion`, `creationTimestamp` and `generation` (and
   `namespace` from the URL); patches bump `resourceVersion`, and `generation` when
   anything but metadata and status changes.
@@ -19,6 +21,8 @@ below closes those gaps:
 - a request accepting `as=Table` (what `kubectl get` sends) gets a `meta.k8s.io/v1`
   Table rendered from the CRD's `additionalPrinterColumns` (dotted json paths only),
   which a real API server does and kmock does not.
+- deleting an object deletes its dependents (ownerReferences), as the cluster's garbage
+  collector does with background propagation; kmock has no collector.
 - `/scale` is mapped through the CRD's `specReplicasPath`, `statusReplicasPath` and
   `labelSelectorPath`: GET returns an `autoscaling/v1` Scale, PATCH/PUT of
   `spec.replicas` writes the object's replicas field.
@@ -109,7 +113,36 @@ class KubernetesEmulator(kmock.KubernetesEmulator):
                 self._register_crd(request.data)
         elif request.action == kmock.action.UPDATE:
             self._stamp_patch(request)
-        return await super()._handle(request)
+        response = await super()._handle(request)
+        if request.action in {kmock.action.DELETE, kmock.action.UPDATE}:
+            await self._collect_garbage()
+        return response
+
+    async def _collect_garbage(self) -> None:
+        """kube-controller-manager's garbage collector, background propagation: an object
+        all of whose owners (by uid) are gone is deleted in turn, its finalizers honoured
+        (marked with a deletionTimestamp), until nothing more goes."""
+        async with self._lock:
+            while True:
+                live = [(key, obj) for key, obj in self._objects.items() if not obj.deleted]
+                uids = {obj.get("metadata", {}).get("uid") for _, obj in live}
+                orphans = [
+                    (key, obj)
+                    for key, obj in live
+                    if (refs := obj.get("metadata", {}).get("ownerReferences"))
+                    and not any(ref.get("uid") in uids for ref in refs)
+                    and not obj.get("metadata", {}).get("deletionTimestamp")
+                ]
+                if not orphans:
+                    return
+                for (resource, _, _), obj in orphans:
+                    if obj.get("metadata", {}).get("finalizers"):
+                        obj.patch({"metadata": {"deletionTimestamp": _now()}})
+                        event = {"type": "MODIFIED", "object": obj.raw}
+                    else:
+                        obj.delete()
+                        event = {"type": "DELETED", "object": obj.last.raw}
+                    await self._buses[resource].put(event)
 
     def _reparse(self, request: kmock.Request) -> None:
         """Read /api/v1/namespaces[/NAME] as Namespace requests, not as a namespace prefix."""
@@ -128,6 +161,8 @@ class KubernetesEmulator(kmock.KubernetesEmulator):
 
     def _stamp(self, body: dict[str, Any], namespace: str | None = None) -> dict[str, Any]:
         meta = body.setdefault("metadata", {})
+        if not meta.get("name") and meta.get("generateName"):
+            meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
         if namespace is not None:
             meta.setdefault("namespace", namespace)
         meta["uid"] = str(uuid.uuid4())

@@ -301,3 +301,36 @@ def test_a_kopf_operator_reacts_to_a_created_pool(cluster: str) -> None:
         operator.join(timeout=10)
     assert not operator.is_alive()
     assert errors == []
+
+
+def test_deleting_an_owner_deletes_its_dependents(url: str) -> None:
+    maps = "/api/v1/namespaces/default/configmaps"
+
+    def configmap(name: str, owner: dict[str, Any] | None = None, **meta: Any) -> dict[str, Any]:
+        body: dict[str, Any] = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name}}
+        if owner is not None:
+            ref = {"apiVersion": "v1", "kind": "ConfigMap", "name": owner["metadata"]["name"]}
+            body["metadata"]["ownerReferences"] = [{**ref, "uid": owner["metadata"]["uid"]}]
+        body["metadata"].update(meta)
+        created: dict[str, Any] = call(url, "POST", maps, body)
+        return created
+
+    root = configmap("root")
+    child = configmap("child", root)
+    configmap("grandchild", child)
+    configmap("held", root, finalizers=["example.com/hold"])
+    configmap("bystander")
+    call(url, "DELETE", f"{maps}/root")
+    names = {m["metadata"]["name"] for m in call(url, "GET", maps)["items"]}
+    assert names == {"held", "bystander"}  # the chain went, transitively
+    held = call(url, "GET", f"{maps}/held")
+    assert held["metadata"]["deletionTimestamp"]  # a finalizer holds it, marked
+    call(url, "PATCH", f"{maps}/held", {"metadata": {"finalizers": []}})
+    assert [m["metadata"]["name"] for m in call(url, "GET", maps)["items"]] == ["bystander"]
+
+
+def test_generate_name_gives_each_object_its_own_name(url: str) -> None:
+    maps = "/api/v1/namespaces/default/configmaps"
+    body = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"generateName": "event-"}}
+    names = {call(url, "POST", maps, body)["metadata"]["name"] for _ in range(3)}
+    assert len(names) == 3 and all(n.startswith("event-") for n in names)

@@ -226,6 +226,43 @@ def test_a_second_run_on_a_busy_pool_waits_saying_why(cluster: str) -> None:
     assert ready["reason"] == "PoolBusy" and "serves TrainingRun digits" in ready["message"]
 
 
+def test_deleting_a_run_removes_its_children_and_the_pool_serves_the_next(cluster: str) -> None:
+    call(cluster, "POST", f"{NS}/rolloutpools", _example("RolloutPool"))
+    call(cluster, "POST", f"{NS}/trainingruns", _example("TrainingRun"))
+    _eventually(lambda: len(_pods(cluster)) == 4)
+    second = _example("TrainingRun")
+    second["metadata"]["name"] = "digits-2"
+    call(cluster, "POST", f"{NS}/trainingruns", second)
+    _eventually(lambda: _status(cluster, f"{NS}/trainingruns/digits-2").get("phase") == "Waiting")
+    call(cluster, "DELETE", f"{NS}/trainingruns/digits")
+    for kind in (
+        "apis/apps/v1/namespaces/default/statefulsets",
+        "api/v1/namespaces/default/services",
+        "api/v1/namespaces/default/configmaps",
+    ):
+        _eventually(lambda kind=kind: _get(cluster, f"/{kind}/digits-trainer") is None)
+    _eventually(lambda: _status(cluster, f"{NS}/rolloutpools/mixed").get("run") == "digits-2", 30)
+    # The old run's workers went; the pool's groups have pods of the new run.
+    _eventually(
+        lambda: (
+            sorted(p["metadata"]["labels"]["cadence.dev/run"] for p in _pods(cluster))
+            == ["digits-2"] * 4
+        ),
+        30,
+    )
+    assert _get(cluster, "/apis/apps/v1/namespaces/default/statefulsets/digits-2-trainer")
+    reasons = {
+        e.get("reason") for e in call(cluster, "GET", "/api/v1/namespaces/default/events")["items"]
+    }
+    assert {"Released", "Retired", "Bound"} <= reasons
+    # Deleting the pool takes its groups, their pods, its Service and Secret.
+    call(cluster, "DELETE", f"{NS}/rolloutpools/mixed")
+    _eventually(lambda: call(cluster, "GET", f"{NS}/rolloutgroups")["items"] == [])
+    assert _pods(cluster) == []
+    assert _get(cluster, "/api/v1/namespaces/default/secrets/cadence-token") is None
+    assert _get(cluster, "/api/v1/namespaces/default/services/mixed-workers") is None
+
+
 def test_kubectl_shows_the_columns(cluster: str, tmp_path: Path) -> None:
     config = write_kubeconfig(tmp_path / "kubeconfig", cluster)
     kubectl = ["kubectl", "--kubeconfig", str(config)]

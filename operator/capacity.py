@@ -1,0 +1,72 @@
+"""Each group's KV capacity for a run's model, and the rule that needs it across the two
+resources: a trajectory as long as any group's `max_model_len` must fit every group
+under `h_min + delta` (DESIGN.md, "Headroom and thresholds"; otherwise a trajectory of a
+version only such workers serve is stranded for ever).
+
+CEL cannot check this: it spans the pool and the run and needs the catalog's figures.
+`resources.check_pair` calls it, so `cadence run` refuses such a pair with exit 2 and
+the operator marks the run Degraded with the same sentence. The pending-demand metric
+uses the capacities too, for groups that have no worker to ask.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from cadence.operator.scheduler.errors import StrandingError
+from cadence.operator.scheduler.snapshot import Knobs
+from cadence.operator.scheduler.validation import check_no_stranding, required_capacity
+from cadence.sim.catalog import ACCELERATORS, GB, MODELS, TB, Accelerator, Figure
+from cadence.sim.physics import TP_DEGREES, kv_capacity_tokens
+
+if TYPE_CHECKING:  # resources calls into this module
+    from cadence.operator.resources import PoolGroup, RolloutPool, TrainingRun
+
+
+def accelerator_of(group: PoolGroup) -> Accelerator:
+    if group.custom is None:
+        return ACCELERATORS[group.accelerator]
+    c = group.custom
+    return Accelerator(
+        group.accelerator,
+        Figure(c.memory_gb * GB, "E", "pool spec"),
+        Figure(c.bandwidth_tb_s * TB, "E", "pool spec"),
+        Figure(c.bf16_tflops * 1e12, "E", "pool spec"),
+        None,
+        cluster=group.accelerator,
+    )
+
+
+def longest_trajectory(pool: RolloutPool) -> int:
+    """A trajectory may grow to the largest `max_model_len` of any group, then move."""
+    return max(g.engine.max_model_len for g in pool.spec.groups)
+
+
+def knobs_of(run: TrainingRun) -> Knobs:
+    s = run.spec.scheduler
+    return Knobs(h_min=s.h_min, delta=s.delta, eta=s.eta, min_decode=s.min_decode)
+
+
+def group_capacities(pool: RolloutPool, run: TrainingRun) -> dict[str, int]:
+    """KV tokens one worker of each group holds: at the group's tensor-parallel degree,
+    or (unset) at the smallest degree that holds the longest trajectory with the floor
+    and reserve to spare, as a worker sizes itself; the largest degree if none does."""
+    model = MODELS[run.spec.model.catalog]
+    need = required_capacity(longest_trajectory(pool), knobs_of(run))
+    out = {}
+    for g in pool.spec.groups:
+        acc, util = accelerator_of(g), g.engine.memory_utilization
+        degrees = (g.engine.tensor_parallel,) if g.engine.tensor_parallel else TP_DEGREES
+        for tp in degrees:
+            out[g.name] = kv_capacity_tokens(model, acc, tp, util)
+            if out[g.name] >= need:
+                break
+    return out
+
+
+def check_capacity(pool: RolloutPool, run: TrainingRun) -> None:
+    """Raise StrandingError naming each group too small for the longest trajectory."""
+    try:
+        check_no_stranding(group_capacities(pool, run), longest_trajectory(pool), knobs_of(run))
+    except StrandingError as e:
+        raise StrandingError(f"{run.spec.model.catalog} on this pool: {e}") from None

@@ -1,0 +1,59 @@
+"""The rule across a pool and a run: every group holds the longest trajectory above
+`h_min + delta`, at its tensor-parallel degree or the smallest that fits."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from cadence.operator.capacity import check_capacity, group_capacities
+from cadence.operator.resources import ResourceError, load
+
+EXAMPLE = Path(__file__).parents[2] / "manifests" / "examples" / "trainingrun.yaml"
+
+
+def _load(tmp_path: Path, *edits: tuple[str, str]) -> Path:
+    text = EXAMPLE.read_text()
+    for old, new in edits:
+        assert old in text
+        text = text.replace(old, new, 1)
+    (tmp_path / "run.yaml").write_text(text)
+    return tmp_path / "run.yaml"
+
+
+def test_a_group_sizes_itself_to_hold_the_longest_trajectory(tmp_path: Path) -> None:
+    pool, run = load(EXAMPLE)
+    small = group_capacities(pool, run)
+    assert small["h800"] > small["a910x"] > 4096 + 256 + 16  # H800 has more memory
+    # A longer max_model_len than one device of Qwen3-32B holds: the group takes two.
+    longer = _load(
+        tmp_path,
+        ("catalog: Qwen3-8B", "catalog: Qwen3-32B"),
+        (
+            "replicas: 2\n      pricePerHour: 1.2",
+            "replicas: 2\n      engine: {maxModelLen: 200000}\n      pricePerHour: 1.2",
+        ),
+    )
+    pool, run = load(longer)
+    sized = group_capacities(pool, run)
+    assert min(sized.values()) >= 200_000 + 256 + 16
+
+
+def test_a_group_pinned_too_small_is_refused_naming_it(tmp_path: Path) -> None:
+    bad = _load(
+        tmp_path,
+        ("catalog: Qwen3-8B", "catalog: Qwen3-32B"),
+        (
+            "replicas: 2\n      pricePerHour: 1.2",
+            "replicas: 2\n      engine: {tensorParallel: 1, maxModelLen: 200000}\n"
+            "      pricePerHour: 1.2",
+        ),
+    )
+    with pytest.raises(ResourceError) as e:
+        load(bad)
+    message = str(e.value)
+    assert message.startswith("TrainingRun spec.model: Qwen3-32B on this pool: KV capacity")
+    assert "a910x (" in message and "h800" not in message  # the H800 group sizes itself
+    pool, run = load(EXAMPLE)
+    check_capacity(pool, run)  # the example fits: no error
