@@ -208,6 +208,22 @@ def test_an_invalid_pool_is_degraded_with_an_event_and_others_go_on(cluster: str
     assert {g["spec"]["pool"] for g in groups} == {"mixed"}  # the valid pool went on
 
 
+def test_a_run_too_long_for_a_group_is_degraded_naming_it(cluster: str) -> None:
+    pool = _example("RolloutPool")
+    pool["spec"]["groups"][1]["engine"] = {"tensorParallel": 1, "maxModelLen": 200000}
+    call(cluster, "POST", f"{NS}/rolloutpools", pool)
+    run = _example("TrainingRun")
+    run["spec"]["model"]["catalog"] = "Qwen3-32B"
+    call(cluster, "POST", f"{NS}/trainingruns", run)
+    status = _eventually(lambda: _status(cluster, f"{NS}/trainingruns/digits").get("conditions"))
+    degraded = next(c for c in status if c["type"] == "Degraded")
+    assert degraded["status"] == "True"
+    assert degraded["message"].startswith("spec.model: Qwen3-32B on this pool: KV capacity")
+    assert "a910x (" in degraded["message"]
+    assert _status(cluster, f"{NS}/rolloutpools/mixed").get("run") is None  # not bound
+    assert _pods(cluster) == []
+
+
 def test_a_second_run_on_a_busy_pool_waits_saying_why(cluster: str) -> None:
     call(cluster, "POST", f"{NS}/rolloutpools", _example("RolloutPool"))
     call(cluster, "POST", f"{NS}/trainingruns", _example("TrainingRun"))
