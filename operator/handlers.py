@@ -17,12 +17,14 @@ and the reason, and an Event, and nothing else happens to it or to any other res
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import datetime
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
@@ -30,8 +32,11 @@ import kopf
 from pydantic import BaseModel, ValidationError
 
 from cadence.operator import children
+from cadence.operator.capacity import group_capacities
+from cadence.operator.group_stats import GroupShape, group_stats
 from cadence.operator.kube import Kube, KubeError, path
 from cadence.operator.loop import ControlLoop, LoopConfig
+from cadence.operator.metrics import OperatorMetrics, RunSeries
 from cadence.operator.resources import (
     API_VERSION,
     GROUP,
@@ -98,12 +103,19 @@ def _ready(pod: Mapping[str, Any]) -> bool:
     return False
 
 
+def _waiting(body: Mapping[str, Any], reason: str, message: str, events: Events) -> Status:
+    if (body.get("status") or {}).get("phase") != "Waiting":
+        events.append(("Waiting", message))
+    return {"phase": "Waiting", "conditions": [condition("Ready", False, reason, message)]}
+
+
 @dataclass
 class Reconciler:
     kube: Kube
     endpoint: Callable[[Mapping[str, Any]], str | None] = pod_endpoint
     trainer_endpoint: Callable[[TrainingRun], str] = children.trainer_url
     status_every_s: float = 2.0  # a run's status is patched at most this often
+    metrics: OperatorMetrics = field(default_factory=OperatorMetrics)
 
     def _pool_url(self, namespace: str, name: str | None = None) -> str:
         return path(API_VERSION, "rolloutpools", namespace, name)
@@ -118,7 +130,10 @@ class Reconciler:
         await self.kube.ensure(children.token_secret(pool, body))
         ns = pool.metadata.namespace
         bound = (body.get("status") or {}).get("run")
-        if bound and await self.kube.get(path(API_VERSION, "trainingruns", ns, bound)) is None:
+        run_obj = (
+            await self.kube.get(path(API_VERSION, "trainingruns", ns, bound)) if bound else None
+        )
+        if bound and run_obj is None:
             # Its run was deleted (its trainer goes with it, by owner references): the
             # workers go too, and the pool may serve the next run.
             await self._release(ns, pool.metadata.name, events)
@@ -133,12 +148,23 @@ class Reconciler:
             "ready": f"{ready}/{desired}",
             "workers": workers,
             "versions": ",".join(str(v) for v in versions),
+            "tokensPerSecond": ((run_obj or {}).get("status") or {}).get("tokensPerSecond", 0.0),
             "groups": [
                 {
                     "name": g["spec"]["group"],
                     "ready": (g.get("status") or {}).get("readyReplicas", 0),
                     "desired": g["spec"]["replicas"],
-                    "versions": (g.get("status") or {}).get("versions", []),
+                    **{
+                        key: (g.get("status") or {})[key]
+                        for key in (
+                            "versions",
+                            "meanContext",
+                            "headroomTokens",
+                            "pendingTrajectories",
+                            "pendingTokens",
+                        )
+                        if key in (g.get("status") or {})
+                    },
                 }
                 for g in groups
             ],
@@ -259,29 +285,15 @@ class Reconciler:
                 await self._release(ns, run.spec.pool, events)
             return {}
         if pool_obj is None:
-            return {
-                "phase": "Waiting",
-                "conditions": [
-                    condition("Ready", False, "PoolMissing", f"no RolloutPool {run.spec.pool}")
-                ],
-            }
+            return _waiting(body, "PoolMissing", f"no RolloutPool {run.spec.pool}", events)
         pool: RolloutPool = validated(RolloutPool, pool_obj)
         try:
             check_pair(pool, run)
         except ResourceError as e:
             raise Invalid(str(e).removeprefix("TrainingRun ")) from None
         if bound and bound != name:
-            return {
-                "phase": "Waiting",
-                "conditions": [
-                    condition(
-                        "Ready",
-                        False,
-                        "PoolBusy",
-                        f"RolloutPool {run.spec.pool} serves TrainingRun {bound}; one at a time",
-                    )
-                ],
-            }
+            message = f"RolloutPool {run.spec.pool} serves TrainingRun {bound}; one at a time"
+            return _waiting(body, "PoolBusy", message, events)
         if bound != name:
             await self.kube.patch(
                 self._pool_url(ns, run.spec.pool) + "/status", {"status": {"run": name}}
@@ -297,7 +309,7 @@ class Reconciler:
             ],
         }
 
-    async def control(self, body: Mapping[str, Any], stopped: kopf.DaemonStopped) -> None:
+    async def control(self, body: kopf.Body, stopped: kopf.DaemonStopped) -> None:
         """The shared control loop for one TrainingRun, for as long as it is bound and
         unfinished: workers are the pool's pods (their endpoints), the trainer is the
         run's Service; the run's status is patched from the loop and the trainer's
@@ -308,12 +320,11 @@ class Reconciler:
         except Invalid:
             return  # the change handlers report it
         ns, name = run.metadata.namespace, run.metadata.name
-        run_url = path(API_VERSION, "trainingruns", ns, name)
         while not stopped:
             pool_obj = await self.kube.get(self._pool_url(ns, run.spec.pool))
             if ((pool_obj or {}).get("status") or {}).get("run") == name:
                 break
-            await stopped.wait(1.0)
+            await asyncio.sleep(1.0)  # stopped is checked each turn
         if stopped or pool_obj is None:
             return
         pool: RolloutPool = validated(RolloutPool, pool_obj)
@@ -326,7 +337,7 @@ class Reconciler:
                 await client.stats()
                 break
             except (TrainerError, OSError, httpx.HTTPError):
-                await stopped.wait(2.0)
+                await asyncio.sleep(2.0)  # stopped is checked each turn
         if stopped:
             await client.aclose()
             return
@@ -342,63 +353,151 @@ class Reconciler:
             {},
             token,
         )
-        prices = {g.name: g.price_per_hour or 0.0 for g in pool.spec.groups}
-        started, patched, hourly = time.monotonic(), 0.0, 0.0
+        reporter = _RunReporter(self, run, pool, body, loop, client)
+        self.metrics.runs[(ns, name)] = reporter.series
 
         async def done() -> bool:
-            nonlocal patched, hourly
-            if stopped:
-                return True
-            # The pool's pods and the run's status, at a bounded rate, not every cycle.
-            if time.monotonic() - patched < self.status_every_s:
-                return False
-            patched = time.monotonic()
-            try:
-                pods = await self.kube.list(
-                    path("v1", "pods", ns), {"cadence.dev/pool": run.spec.pool}
-                )
-            except (KubeError, httpx.TransportError) as e:
-                log.warning("listing %s's pods failed; retried next cycle: %s", run.spec.pool, e)
-                return False
-            joined = {}
-            for pod in pods:
-                url = self.endpoint(pod)
-                if url is not None and pod["metadata"]["name"] not in loop.workers:
-                    joined[pod["metadata"]["name"]] = url
-            if joined:
-                loop.add_workers(joined)
-            hourly = sum(
-                prices.get(p["metadata"]["labels"].get("cadence.dev/group", ""), 0.0) for p in pods
-            )
-            try:
-                stats = await client.stats()
-            except (TrainerError, OSError, httpx.TransportError):
-                return False
-            wall = time.monotonic() - started
-            dollars = hourly * wall / 3600
-            await self.kube.patch(
-                run_url + "/status",
-                {
-                    "status": {
-                        "phase": "Succeeded" if stats.done else "Running",
-                        "policyVersion": stats.version,
-                        "step": stats.consumed,
-                        "tokensPerSecond": round(stats.tokens_delivered / wall, 1),
-                        "latencyP50S": round(stats.latency_p50_s, 3),
-                        "latencyP95S": round(stats.latency_p95_s, 3),
-                        "tokensPerDollar": round(stats.tokens_delivered / dollars, 1)
-                        if dollars > 0
-                        else 0.0,
-                    }
-                },
-            )
-            return stats.done
+            return bool(stopped) or await reporter.done()
 
         try:
             await loop.run(done)
         finally:
+            self.metrics.runs.pop((ns, name), None)
             await loop.aclose()
             await client.aclose()
+
+
+@dataclass
+class _RunReporter:
+    """What a run's control loop reports, at most every `status_every_s`: the pool's
+    pods join the loop; each RolloutGroup's status (versions, mean context, headroom,
+    waiting demand) and the operator's metrics; the run's status from the trainer's
+    stats; Events for a phase change, concentration departures, failed actions and lost
+    workers."""
+
+    reconciler: Reconciler
+    run: TrainingRun
+    pool: RolloutPool
+    body: kopf.Body
+    loop: ControlLoop
+    trainer: TrainerClient
+    series: RunSeries = field(init=False)
+    started: float = field(default_factory=time.monotonic)
+    patched: float = 0.0
+    seen: Counter[str] = field(default_factory=Counter)  # loop totals at the last report
+    reported_lost: frozenset[str] = frozenset()
+
+    def __post_init__(self) -> None:
+        self.series = RunSeries(pool=self.pool.metadata.name, loop=self.loop)
+        self.phase = (self.body.get("status") or {}).get("phase")
+        capacities = group_capacities(self.pool, self.run)
+        self.shapes = {
+            f"{self.pool.metadata.name}-{g.name}": (g.affinity, capacities[g.name])
+            for g in self.pool.spec.groups
+        }
+        self.prices = {g.name: g.price_per_hour or 0.0 for g in self.pool.spec.groups}
+
+    async def done(self) -> bool:
+        if time.monotonic() - self.patched < self.reconciler.status_every_s:
+            return False
+        self.patched = time.monotonic()
+        kube, ns = self.reconciler.kube, self.run.metadata.namespace
+        try:
+            pods = await kube.list(
+                path("v1", "pods", ns), {"cadence.dev/pool": self.pool.metadata.name}
+            )
+        except (KubeError, httpx.TransportError) as e:
+            log.warning("listing %s's pods failed; retried next cycle: %s", self.run.spec.pool, e)
+            return False
+        joined = {}
+        for pod in pods:
+            url = self.reconciler.endpoint(pod)
+            if url is not None and pod["metadata"]["name"] not in self.loop.workers:
+                joined[pod["metadata"]["name"]] = url
+        if joined:
+            self.loop.add_workers(joined)
+        await self._groups(pods)
+        self._events()
+        try:
+            stats = await self.trainer.stats()
+        except (TrainerError, OSError, httpx.TransportError):
+            return False
+        wall = time.monotonic() - self.started
+        hourly = sum(
+            self.prices.get(p["metadata"]["labels"].get("cadence.dev/group", ""), 0.0) for p in pods
+        )
+        dollars = hourly * wall / 3600
+        phase = "Succeeded" if stats.done else "Running"
+        self.series.version = stats.version
+        self.series.tokens_per_second = round(stats.tokens_delivered / wall, 1)
+        await kube.patch(
+            path(API_VERSION, "trainingruns", ns, self.run.metadata.name) + "/status",
+            {
+                "status": {
+                    "phase": phase,
+                    "policyVersion": stats.version,
+                    "step": stats.consumed,
+                    "tokensPerSecond": self.series.tokens_per_second,
+                    "latencyP50S": round(stats.latency_p50_s, 3),
+                    "latencyP95S": round(stats.latency_p95_s, 3),
+                    "tokensPerDollar": round(stats.tokens_delivered / dollars, 1)
+                    if dollars > 0
+                    else 0.0,
+                }
+            },
+        )
+        if phase != self.phase:
+            message = f"policy version {stats.version}, {stats.consumed} batches trained"
+            kopf.info(self.body, reason=phase, message=message)
+            self.phase = phase
+        return stats.done
+
+    async def _groups(self, pods: list[dict[str, Any]]) -> None:
+        """Each RolloutGroup's share of the last cycle, into its status and the metrics."""
+        if self.loop.last_plan is None:
+            return
+        snapshot, actions = self.loop.last_plan
+        pool_name = self.pool.metadata.name
+        group_of = {
+            p["metadata"]["name"]: f"{pool_name}-{p['metadata']['labels'].get('cadence.dev/group')}"
+            for p in pods
+        }
+        shapes = []
+        for name, (affinity, capacity) in self.shapes.items():
+            # A live worker's own capacity, else the catalog's (a group scaled to zero).
+            live = [w.capacity for w in snapshot.workers if group_of.get(w.id) == name]
+            shapes.append(GroupShape(name, affinity, max(live, default=capacity)))
+        self.series.groups = group_stats(snapshot, actions, shapes, group_of)
+        for name, st in self.series.groups.items():
+            status = {
+                "versions": list(st.versions),
+                "meanContext": st.mean_context,
+                "headroomTokens": st.headroom_tokens,
+                "pendingTrajectories": st.pending_trajectories,
+                "pendingTokens": st.pending_tokens,
+            }
+            url = path(API_VERSION, "rolloutgroups", self.run.metadata.namespace, name)
+            try:
+                await self.reconciler.kube.patch(url + "/status", {"status": status})
+            except (KubeError, httpx.TransportError) as e:
+                log.warning("patching %s's status failed: %s", name, e)
+
+    def _events(self) -> None:
+        totals = self.loop.totals
+        body = self.body
+        departed = totals["departures"] - self.seen["departures"]
+        if departed:
+            message = f"{departed} trajectories departed their concentration sources"
+            kopf.info(body, reason="Departed", message=message)
+        failed = totals["errors"] - self.seen["errors"]
+        if failed:
+            message = f"{failed} worker actions failed (the operator's log says which)"
+            kopf.warn(body, reason="ActionsFailed", message=message)
+        lost = self.loop.lost - self.reported_lost
+        if lost:
+            message = f"silent, their samples re-queued: {', '.join(sorted(lost))}"
+            kopf.warn(body, reason="WorkersLost", message=message)
+        self.seen, self.reported_lost = totals, self.loop.lost
 
 
 def register(registry: kopf.OperatorRegistry, reconciler: Reconciler) -> None:

@@ -33,7 +33,7 @@ import httpx
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from cadence.operator.scheduler.actions import Action, Admit, Advance, Evict, Place
+from cadence.operator.scheduler.actions import Action, Admit, Advance, Evict, EvictReason, Place
 from cadence.operator.scheduler.policy import Policy
 from cadence.operator.scheduler.snapshot import (
     Admission,
@@ -114,6 +114,8 @@ class ControlLoop:
     # out of observation and planning until its advance ends, so cycles stay short.
     _advancing: dict[str, asyncio.Task[None]] = field(default_factory=dict)
     _versions: dict[int, VersionInfo] = field(default_factory=dict)
+    # The last cycle's snapshot and plan (the operator reports per-group demand from it).
+    last_plan: tuple[Snapshot, tuple[Action, ...]] | None = None
 
     def __post_init__(self) -> None:
         if self.state is None:
@@ -194,6 +196,7 @@ class ControlLoop:
         t1 = time.perf_counter()
         actions, self.state = self.policy.plan(snapshot, self.state)
         plan_ms = (time.perf_counter() - t1) * 1000
+        self.last_plan = (snapshot, tuple(actions))
         counts = Counter(type(a).__name__.lower() for a in actions)
         t2 = time.perf_counter()
         errors = await self._apply(actions, view, {p.id: p for p in snapshot.pending})
@@ -214,6 +217,9 @@ class ControlLoop:
         self._totals["errors"] += errors
         self._totals["requeued"] += requeued
         self._totals["cycles"] += 1
+        self._totals["departures"] += sum(
+            isinstance(a, Evict) and a.reason == EvictReason.SOURCE for a in actions
+        )
         return report
 
     def collector(self) -> Collector:

@@ -262,6 +262,8 @@ class GroupStatus(_Spec):
     versions: list[int] = []
     mean_context: float = 0.0
     headroom_tokens: int = 0
+    pending_trajectories: int = 0
+    pending_tokens: int = 0
 
 
 class RolloutPoolStatus(_Spec):

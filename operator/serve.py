@@ -1,7 +1,8 @@
 """`cadence operator`: the kopf operator as its Deployment runs it. In a pod it logs in
 with the pod's service account; `--server URL` points it at another API server (a local
-emulator, a proxied cluster). Liveness is kopf's own endpoint; metrics are served by
-prometheus-client on `--metrics-port`."""
+emulator, a proxied cluster). Liveness is kopf's own endpoint; metrics (`metrics.py`: each
+group's waiting demand, each run's loop) are served by prometheus-client on
+`--metrics-port`."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import asyncio
 from typing import Any
 
 import kopf
-from prometheus_client import start_http_server
+from prometheus_client import REGISTRY, start_http_server
 
 from cadence.operator.handlers import Reconciler, register
 from cadence.operator.kube import Kube
@@ -41,9 +42,11 @@ def serve(
 ) -> None:
     async def main() -> None:
         kube = Kube(server) if server is not None else Kube.in_cluster()
+        reconciler = Reconciler(kube)
+        REGISTRY.register(reconciler.metrics)
         try:
             await kopf.operator(
-                registry=operator_registry(kube, server),
+                registry=operator_registry(kube, server, reconciler),
                 standalone=True,
                 clusterwide=not namespaces,
                 namespaces=namespaces,

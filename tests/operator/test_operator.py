@@ -23,6 +23,7 @@ import httpx
 import kopf
 import pytest
 import yaml
+from prometheus_client import CollectorRegistry, generate_latest
 
 from cadence.operator import children
 from cadence.operator.handlers import Reconciler
@@ -240,6 +241,14 @@ def test_a_second_run_on_a_busy_pool_waits_saying_why(cluster: str) -> None:
     assert status["phase"] == "Waiting"
     (ready,) = [c for c in status["conditions"] if c["type"] == "Ready"]
     assert ready["reason"] == "PoolBusy" and "serves TrainingRun digits" in ready["message"]
+    waiting = _eventually(
+        lambda: [
+            e
+            for e in call(cluster, "GET", "/api/v1/namespaces/default/events")["items"]
+            if e["reason"] == "Waiting"
+        ]
+    )
+    assert waiting[0]["involvedObject"]["name"] == "digits-2" and len(waiting) == 1
 
 
 def test_deleting_a_run_removes_its_children_and_the_pool_serves_the_next(cluster: str) -> None:
@@ -251,12 +260,15 @@ def test_deleting_a_run_removes_its_children_and_the_pool_serves_the_next(cluste
     call(cluster, "POST", f"{NS}/trainingruns", second)
     _eventually(lambda: _status(cluster, f"{NS}/trainingruns/digits-2").get("phase") == "Waiting")
     call(cluster, "DELETE", f"{NS}/trainingruns/digits")
-    for kind in (
-        "apis/apps/v1/namespaces/default/statefulsets",
-        "api/v1/namespaces/default/services",
-        "api/v1/namespaces/default/configmaps",
-    ):
-        _eventually(lambda kind=kind: _get(cluster, f"/{kind}/digits-trainer") is None)
+    trainer = [
+        f"/{kind}/digits-trainer"
+        for kind in (
+            "apis/apps/v1/namespaces/default/statefulsets",
+            "api/v1/namespaces/default/services",
+            "api/v1/namespaces/default/configmaps",
+        )
+    ]
+    _eventually(lambda: all(_get(cluster, p) is None for p in trainer))  # owner references
     _eventually(lambda: _status(cluster, f"{NS}/rolloutpools/mixed").get("run") == "digits-2", 30)
     # The old run's workers went; the pool's groups have pods of the new run.
     _eventually(
@@ -424,15 +436,46 @@ def test_the_operator_runs_the_control_loop_on_the_pools_pods(tmp_path: Path) ->
     """End to end: pod endpoints point at the emulated workers, the trainer endpoint at
     the trainer process; the run trains to its last version."""
     local, docs = Local(), _docs(3)
-    with operator_on(local.reconciler) as url:
+    reconcilers: list[Reconciler] = []
+
+    def make(kube: Kube) -> Reconciler:
+        reconcilers.append(local.reconciler(kube))
+        return reconcilers[-1]
+
+    a910x = 'cadence_group_workers{namespace="default",pool="mixed",rolloutgroup="mixed-a910x"}'
+    with operator_on(make) as url:
         call(url, "POST", f"{NS}/rolloutpools", docs["RolloutPool"])
         with processes(url, local, docs["TrainingRun"], tmp_path):
             call(url, "POST", f"{NS}/trainingruns", docs["TrainingRun"])
+            registry = CollectorRegistry()
+            registry.register(reconcilers[0].metrics)
+            scraped = _eventually(
+                lambda: (text := generate_latest(registry).decode()).count(f"{a910x} 2.0") and text,
+                timeout=60,
+            )
+            groups = _eventually(
+                lambda: (
+                    all(
+                        (g.get("status") or {}).get("versions")
+                        for g in call(url, "GET", f"{NS}/rolloutgroups")["items"]
+                    )
+                    and [g["status"] for g in call(url, "GET", f"{NS}/rolloutgroups")["items"]]
+                )
+            )
             status = _eventually(
                 lambda: _run_status(url).get("phase") == "Succeeded" and _run_status(url),
                 timeout=120,
             )
+            # A finished run frees its pool.
+            _eventually(lambda: _status(url, f"{NS}/rolloutpools/mixed").get("run") is None)
+            events = call(url, "GET", "/api/v1/namespaces/default/events")["items"]
     assert status["policyVersion"] == 3 and status["step"] == 3
+    assert 'cadence_loop_cycles_total{namespace="default",trainingrun="digits"}' in scraped
+    pending = 'cadence_group_pending_trajectories{namespace="default",pool="mixed",'
+    assert f'{pending}rolloutgroup="mixed-h800"}}' in scraped
+    for g in groups:  # what the loop saw, per group
+        assert g["headroomTokens"] > 0 and "pendingTrajectories" in g and "meanContext" in g
+    assert {"Bound", "Succeeded", "Released"} <= {e["reason"] for e in events}
     assert status["tokensPerSecond"] > 0 and 0 < status["latencyP50S"] <= status["latencyP95S"]
     assert status["tokensPerDollar"] > 0
     _ledger_is_whole(tmp_path, 3 * 8 * 8)
