@@ -61,7 +61,9 @@ class Kube:
         ca: Path | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        headers = {"User-Agent": "cadence-operator"}  # audit logs say who
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
         self.http = httpx.AsyncClient(
             base_url=server,
             headers=headers,

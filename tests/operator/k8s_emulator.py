@@ -23,6 +23,8 @@ below closes those gaps:
   which a real API server does and kmock does not.
 - deleting an object deletes its dependents (ownerReferences), as the cluster's garbage
   collector does with background propagation; kmock has no collector.
+- every request is recorded (`audit`: user agent, RBAC verb, group, resource), so a test
+  can check the operator's ClusterRole allows what the operator does.
 - `/scale` is mapped through the CRD's `specReplicasPath`, `statusReplicasPath` and
   `labelSelectorPath`: GET returns an `autoscaling/v1` Scale, PATCH/PUT of
   `spec.replicas` writes the object's replicas field.
@@ -66,6 +68,14 @@ NAME_COLUMN = {"name": "Name", "type": "string", "format": "name", "description"
 AGE_COLUMN = {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}
 _NAMESPACE_PATH = re.compile(r"/api/v1/namespaces(?:/([^/]+))?/?")
 _ALL = "/api/v1/namespaces/*"
+_VERBS = {
+    kmock.action.FETCH: "get",
+    kmock.action.LIST: "list",
+    kmock.action.WATCH: "watch",
+    kmock.action.CREATE: "create",
+    kmock.action.UPDATE: "patch",
+    kmock.action.DELETE: "delete",
+}
 _SCALE_WRITES = {kmock.method.PATCH, kmock.method.PUT}
 _WRITES = {
     kmock.method.POST: kmock.action.CREATE,
@@ -79,6 +89,8 @@ class KubernetesEmulator(kmock.KubernetesEmulator):
     """kmock's emulator with the gaps named in the module docstring closed."""
 
     _revision: int = attrs.field(default=0, init=False)
+    # (User-Agent, RBAC verb, API group, resource[/subresource]) of every request.
+    audit: list[tuple[str, str, str, str]] = attrs.field(factory=list, init=False)
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -105,6 +117,7 @@ class KubernetesEmulator(kmock.KubernetesEmulator):
 
     async def _handle(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
         self._reparse(request)
+        self._record(request)
         if request.subresource == "scale" and request.method in _SCALE_WRITES:
             _amend(request, action=kmock.action.UPDATE, data=self._scale_to_object_patch(request))
         if request.action == kmock.action.CREATE and isinstance(request.data, dict):
@@ -143,6 +156,21 @@ class KubernetesEmulator(kmock.KubernetesEmulator):
                         obj.delete()
                         event = {"type": "DELETED", "object": obj.last.raw}
                     await self._buses[resource].put(event)
+
+    def _record(self, request: kmock.Request) -> None:
+        """The audit log: who asked for which verb on which resource, as RBAC names them."""
+        if request.resource is None or request.resource.plural is None or request.action is None:
+            return  # discovery, which every authenticated client may read
+        verb = _VERBS.get(request.action, str(request.action))
+        if verb == "delete" and request.name is None:
+            verb = "deletecollection"
+        if verb == "patch" and request.method == kmock.method.PUT:
+            verb = "update"
+        plural = str(request.resource.plural)
+        if request.subresource:
+            plural += f"/{request.subresource}"
+        agent = request.headers.get("User-Agent", "")
+        self.audit.append((agent, verb, str(request.resource.group), plural))
 
     def _reparse(self, request: kmock.Request) -> None:
         """Read /api/v1/namespaces[/NAME] as Namespace requests, not as a namespace prefix."""

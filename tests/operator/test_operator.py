@@ -70,9 +70,9 @@ def _status(url: str, path: str) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def emulator() -> Iterator[str]:
+def emulator(kube: KubernetesEmulator | None = None) -> Iterator[str]:
     """The test emulator with the CRDs applied; yields its URL."""
-    with serve(KubernetesEmulator()) as url:
+    with serve(kube if kube is not None else KubernetesEmulator()) as url:
         for path in sorted((ROOT / "crds").glob("*.cadence.dev.yaml")):
             call(url, "POST", CRDS, yaml.safe_load(path.read_text()))
         yield url
@@ -114,9 +114,35 @@ def operator_thread(url: str, make: Callable[[Kube], Reconciler] = Reconciler) -
 
 
 @contextlib.contextmanager
-def operator_on(make: Callable[[Kube], Reconciler] = Reconciler) -> Iterator[str]:
-    with emulator() as url, operator_thread(url, make):
+def operator_on(
+    make: Callable[[Kube], Reconciler] = Reconciler, kube: KubernetesEmulator | None = None
+) -> Iterator[str]:
+    with emulator(kube) as url, operator_thread(url, make):
         yield url
+
+
+RBAC = ROOT / "manifests" / "base" / "rbac.yaml"
+
+
+def _rbac_allows_what_the_operator_did(kube: KubernetesEmulator) -> None:
+    """Every request the operator made (kopf's and its own client's) is one the shipped
+    ClusterRole grants: the emulator checks no permissions, a cluster does."""
+    role = next(d for d in yaml.safe_load_all(RBAC.read_text()) if d["kind"] == "ClusterRole")
+    done = {
+        (verb, group, resource)
+        for agent, verb, group, resource in kube.audit
+        if agent.startswith(("kopf/", "cadence-operator"))
+    }
+    assert len(done) > 10  # the audit saw the operator at work
+    denied = {
+        (verb, group, resource)
+        for verb, group, resource in done
+        if not any(
+            group in rule["apiGroups"] and resource in rule["resources"] and verb in rule["verbs"]
+            for rule in role["rules"]
+        )
+    }
+    assert denied == set()
 
 
 @pytest.fixture
@@ -251,7 +277,14 @@ def test_a_second_run_on_a_busy_pool_waits_saying_why(cluster: str) -> None:
     assert waiting[0]["involvedObject"]["name"] == "digits-2" and len(waiting) == 1
 
 
-def test_deleting_a_run_removes_its_children_and_the_pool_serves_the_next(cluster: str) -> None:
+def test_deleting_a_run_removes_its_children_and_the_pool_serves_the_next() -> None:
+    kube = KubernetesEmulator()
+    with operator_on(kube=kube) as cluster:
+        _delete_a_run(cluster)
+    _rbac_allows_what_the_operator_did(kube)
+
+
+def _delete_a_run(cluster: str) -> None:
     call(cluster, "POST", f"{NS}/rolloutpools", _example("RolloutPool"))
     call(cluster, "POST", f"{NS}/trainingruns", _example("TrainingRun"))
     _eventually(lambda: len(_pods(cluster)) == 4)
@@ -437,13 +470,14 @@ def test_the_operator_runs_the_control_loop_on_the_pools_pods(tmp_path: Path) ->
     the trainer process; the run trains to its last version."""
     local, docs = Local(), _docs(3)
     reconcilers: list[Reconciler] = []
+    kube = KubernetesEmulator()
 
-    def make(kube: Kube) -> Reconciler:
-        reconcilers.append(local.reconciler(kube))
+    def make(client: Kube) -> Reconciler:
+        reconcilers.append(local.reconciler(client))
         return reconcilers[-1]
 
     a910x = 'cadence_group_workers{namespace="default",pool="mixed",rolloutgroup="mixed-a910x"}'
-    with operator_on(make) as url:
+    with operator_on(make, kube) as url:
         call(url, "POST", f"{NS}/rolloutpools", docs["RolloutPool"])
         with processes(url, local, docs["TrainingRun"], tmp_path):
             call(url, "POST", f"{NS}/trainingruns", docs["TrainingRun"])
@@ -476,6 +510,8 @@ def test_the_operator_runs_the_control_loop_on_the_pools_pods(tmp_path: Path) ->
     for g in groups:  # what the loop saw, per group
         assert g["headroomTokens"] > 0 and "pendingTrajectories" in g and "meanContext" in g
     assert {"Bound", "Succeeded", "Released"} <= {e["reason"] for e in events}
+    assert reconcilers[0].metrics.runs == {}  # a finished run's series went with its loop
+    _rbac_allows_what_the_operator_did(kube)
     assert status["tokensPerSecond"] > 0 and 0 < status["latencyP50S"] <= status["latencyP95S"]
     assert status["tokensPerDollar"] > 0
     _ledger_is_whole(tmp_path, 3 * 8 * 8)
