@@ -465,10 +465,26 @@ def _run_status(url: str) -> dict[str, Any]:
     return _status(url, f"{NS}/trainingruns/digits")
 
 
+def _kubelet_marks_ready(url: str) -> bool:
+    """What the kubelet does once a pod's readiness probe passes (the emulator runs no
+    kubelet); true once there are pods and all are marked."""
+    pods = _pods(url)
+    for pod in pods:
+        ready = {"type": "Ready", "status": "True"}
+        call(
+            url,
+            "PATCH",
+            f"{PODS}/{pod['metadata']['name']}/status",
+            {"status": {"conditions": [ready]}},
+        )
+    return bool(pods)
+
+
 def test_the_operator_runs_the_control_loop_on_the_pools_pods(tmp_path: Path) -> None:
     """End to end: pod endpoints point at the emulated workers, the trainer endpoint at
-    the trainer process; the run trains to its last version."""
-    local, docs = Local(), _docs(3)
+    the trainer process; the run trains to its last version. `kubectl get` mid-run shows
+    the pool's versions and throughput and each group's waiting demand."""
+    local, docs = Local(), _docs(6)
     reconcilers: list[Reconciler] = []
     kube = KubernetesEmulator()
 
@@ -496,6 +512,22 @@ def test_the_operator_runs_the_control_loop_on_the_pools_pods(tmp_path: Path) ->
                     and [g["status"] for g in call(url, "GET", f"{NS}/rolloutgroups")["items"]]
                 )
             )
+            _eventually(lambda: len(_pods(url)) == 4 and _kubelet_marks_ready(url))
+            _eventually(lambda: _status(url, f"{NS}/rolloutpools/mixed").get("tokensPerSecond"), 60)
+            config = write_kubeconfig(tmp_path / "kubeconfig", url)
+            shown = subprocess.run(
+                [
+                    "kubectl",
+                    "--kubeconfig",
+                    str(config),
+                    "get",
+                    "rolloutpools,rolloutgroups,trainingruns",
+                ],
+                check=True,
+                capture_output=True,
+                text=True,
+            ).stdout
+            print(shown)  # the README quotes it
             status = _eventually(
                 lambda: _run_status(url).get("phase") == "Succeeded" and _run_status(url),
                 timeout=120,
@@ -503,7 +535,10 @@ def test_the_operator_runs_the_control_loop_on_the_pools_pods(tmp_path: Path) ->
             # A finished run frees its pool.
             _eventually(lambda: _status(url, f"{NS}/rolloutpools/mixed").get("run") is None)
             events = call(url, "GET", "/api/v1/namespaces/default/events")["items"]
-    assert status["policyVersion"] == 3 and status["step"] == 3
+    assert status["policyVersion"] == 6 and status["step"] == 6
+    rows = [line.split() for line in shown.splitlines()]
+    pool_row = next(r for r in rows if r and r[0] == "rolloutpool.cadence.dev/mixed")
+    assert pool_row[1:4] == ["4/4", "4", "digits"] and float(pool_row[5]) > 0
     assert 'cadence_loop_cycles_total{namespace="default",trainingrun="digits"}' in scraped
     pending = 'cadence_group_pending_trajectories{namespace="default",pool="mixed",'
     assert f'{pending}rolloutgroup="mixed-h800"}}' in scraped
@@ -514,7 +549,7 @@ def test_the_operator_runs_the_control_loop_on_the_pools_pods(tmp_path: Path) ->
     _rbac_allows_what_the_operator_did(kube)
     assert status["tokensPerSecond"] > 0 and 0 < status["latencyP50S"] <= status["latencyP95S"]
     assert status["tokensPerDollar"] > 0
-    _ledger_is_whole(tmp_path, 3 * 8 * 8)
+    _ledger_is_whole(tmp_path, 6 * 8 * 8)
 
 
 def test_an_operator_restarted_mid_run_rebuilds_and_finishes_it(tmp_path: Path) -> None:
