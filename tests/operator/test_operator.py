@@ -9,7 +9,9 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import json
 import os
+import re
 import sqlite3
 import subprocess
 import threading
@@ -465,6 +467,26 @@ def _run_status(url: str) -> dict[str, Any]:
     return _status(url, f"{NS}/trainingruns/digits")
 
 
+def _monitoring_reads_real_metrics(scraped: str) -> None:
+    """Every metric the shipped dashboard and HPA name is one the operator, a worker or
+    the trainer exports (`scraped`: their /metrics, concatenated)."""
+    exported = {
+        line.split("{")[0].split(" ")[0]
+        for line in scraped.splitlines()
+        if line and not line.startswith("#")
+    }
+    monitoring = ROOT / "manifests" / "monitoring" / "grafana-dashboard.yaml"
+    dashboard = json.loads(yaml.safe_load(monitoring.read_text())["data"]["cadence.json"])
+    named = {
+        name
+        for panel in dashboard["panels"]
+        for name in re.findall(r"cadence_[a-z_]+", panel["targets"][0]["expr"])
+    }
+    hpa = yaml.safe_load((ROOT / "manifests" / "autoscaling" / "hpa.yaml").read_text())
+    named.add(hpa["spec"]["metrics"][0]["external"]["metric"]["name"])
+    assert len(named) >= 8 and named <= exported, named - exported
+
+
 def _kubelet_marks_ready(url: str) -> bool:
     """What the kubelet does once a pod's readiness probe passes (the emulator runs no
     kubelet); true once there are pods and all are marked."""
@@ -528,6 +550,8 @@ def test_the_operator_runs_the_control_loop_on_the_pools_pods(tmp_path: Path) ->
                 text=True,
             ).stdout
             print(shown)  # the README quotes it
+            scraped += httpx.get(f"{local.endpoints['mixed-h800-0']}/metrics").text
+            scraped += httpx.get(f"{local.trainer}/metrics").text
             status = _eventually(
                 lambda: _run_status(url).get("phase") == "Succeeded" and _run_status(url),
                 timeout=120,
@@ -547,6 +571,7 @@ def test_the_operator_runs_the_control_loop_on_the_pools_pods(tmp_path: Path) ->
     assert {"Bound", "Succeeded", "Released"} <= {e["reason"] for e in events}
     assert reconcilers[0].metrics.runs == {}  # a finished run's series went with its loop
     _rbac_allows_what_the_operator_did(kube)
+    _monitoring_reads_real_metrics(scraped)
     assert status["tokensPerSecond"] > 0 and 0 < status["latencyP50S"] <= status["latencyP95S"]
     assert status["tokensPerDollar"] > 0
     _ledger_is_whole(tmp_path, 6 * 8 * 8)
