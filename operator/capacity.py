@@ -16,24 +16,26 @@ from typing import TYPE_CHECKING
 from cadence.operator.scheduler.errors import StrandingError
 from cadence.operator.scheduler.snapshot import Knobs
 from cadence.operator.scheduler.validation import check_no_stranding, required_capacity
-from cadence.sim.catalog import ACCELERATORS, GB, MODELS, TB, Accelerator, Figure
+from cadence.sim.catalog import MODELS
 from cadence.sim.physics import TP_DEGREES, kv_capacity_tokens
+from cadence.sim.scenario import CustomAccelerator, Group
 
 if TYPE_CHECKING:  # resources calls into this module
     from cadence.operator.resources import PoolGroup, RolloutPool, TrainingRun
 
 
-def accelerator_of(group: PoolGroup) -> Accelerator:
-    if group.custom is None:
-        return ACCELERATORS[group.accelerator]
-    c = group.custom
-    return Accelerator(
-        group.accelerator,
-        Figure(c.memory_gb * GB, "E", "pool spec"),
-        Figure(c.bandwidth_tb_s * TB, "E", "pool spec"),
-        Figure(c.bf16_tflops * 1e12, "E", "pool spec"),
-        None,
-        cluster=group.accelerator,
+def sim_group(group: PoolGroup, devices: int = 1) -> Group:
+    """A pool's group as the simulator's catalog knows it (its own figures if custom)."""
+    custom = None
+    if group.custom is not None:
+        custom = CustomAccelerator(**group.custom.model_dump())
+    return Group(
+        name=group.name,
+        accelerator=group.accelerator,
+        devices=devices,
+        affinity=group.affinity,
+        price_per_hour=group.price_per_hour,
+        custom=custom,
     )
 
 
@@ -55,7 +57,7 @@ def group_capacities(pool: RolloutPool, run: TrainingRun) -> dict[str, int]:
     need = required_capacity(longest_trajectory(pool), knobs_of(run))
     out = {}
     for g in pool.spec.groups:
-        acc, util = accelerator_of(g), g.engine.memory_utilization
+        acc, util = sim_group(g).resolve(), g.engine.memory_utilization
         degrees = (g.engine.tensor_parallel,) if g.engine.tensor_parallel else TP_DEGREES
         for tp in degrees:
             out[g.name] = kv_capacity_tokens(model, acc, tp, util)

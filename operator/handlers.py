@@ -11,8 +11,13 @@ and the reason, and an Event, and nothing else happens to it or to any other res
   needs the run's model); above it, pods chosen by `children.choose_for_scale_in` are
   deleted, and their SIGTERM drains them. Status: replicas, ready, the selector /scale
   reports.
-- TrainingRun: binds its pool (one run per pool; a second waits with a condition
-  saying why), and makes the trainer's ConfigMap, StatefulSet and Service.
+- TrainingRun: checks its pool can hold its longest trajectory (`capacity.py`), binds
+  the pool (one run per pool; a second waits with a condition saying why), and makes the
+  trainer's ConfigMap, StatefulSet and Service. A finished or deleted run releases the
+  pool; the groups then retire its workers, and a waiting run binds.
+
+A kopf daemon per TrainingRun runs the control loop (`loop.py`) on the pool's pods and
+reports it (`_RunReporter`): statuses, Events, the operator's metrics (`metrics.py`).
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ import datetime
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,7 +37,7 @@ import kopf
 from pydantic import BaseModel, ValidationError
 
 from cadence.operator import children
-from cadence.operator.capacity import group_capacities
+from cadence.operator.capacity import group_capacities, knobs_of
 from cadence.operator.group_stats import GroupShape, group_stats
 from cadence.operator.kube import Kube, KubeError, path
 from cadence.operator.loop import ControlLoop, LoopConfig
@@ -48,7 +53,6 @@ from cadence.operator.resources import (
     check_pair,
 )
 from cadence.operator.scheduler.registry import POLICIES
-from cadence.operator.scheduler.snapshot import Knobs
 from cadence.trainer.client import TrainerClient, TrainerError
 from cadence.worker.client import WorkerClient, WorkerError
 
@@ -56,6 +60,7 @@ log = logging.getLogger("cadence.operator")
 
 Status = dict[str, Any]
 Events = list[tuple[str, str]]  # (reason, message) for the handler to publish
+STATES = {"Waiting"}  # reasons that announce a state: once per entry into it
 
 
 def pod_endpoint(pod: Mapping[str, Any]) -> str | None:
@@ -76,6 +81,20 @@ def condition(kind: str, true: bool, reason: str, message: str = "") -> dict[str
         "message": message,
         "lastTransitionTime": _now(),
     }
+
+
+def settled(
+    before: Sequence[Mapping[str, Any]], after: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """`after`, each condition keeping its earlier lastTransitionTime where its status
+    did not change: the time says when it became so, not when it was last checked."""
+    old = {c.get("type"): c for c in before}
+    out = []
+    for c in after:
+        prev = old.get(c["type"]) or {}
+        kept = prev.get("status") == c["status"] and "lastTransitionTime" in prev
+        out.append({**c, "lastTransitionTime": prev["lastTransitionTime"]} if kept else c)
+    return out
 
 
 class Invalid(Exception):
@@ -104,8 +123,7 @@ def _ready(pod: Mapping[str, Any]) -> bool:
 
 
 def _waiting(body: Mapping[str, Any], reason: str, message: str, events: Events) -> Status:
-    if (body.get("status") or {}).get("phase") != "Waiting":
-        events.append(("Waiting", message))
+    events.append(("Waiting", message))
     return {"phase": "Waiting", "conditions": [condition("Ready", False, reason, message)]}
 
 
@@ -319,6 +337,8 @@ class Reconciler:
             run: TrainingRun = validated(TrainingRun, body)
         except Invalid:
             return  # the change handlers report it
+        if (body.get("status") or {}).get("phase") == "Succeeded":
+            return  # finished before this operator started
         ns, name = run.metadata.namespace, run.metadata.name
         while not stopped:
             pool_obj = await self.kube.get(self._pool_url(ns, run.spec.pool))
@@ -345,7 +365,7 @@ class Reconciler:
         loop = ControlLoop(
             POLICIES[s.policy](),
             LoopConfig(
-                knobs=Knobs(h_min=s.h_min, delta=s.delta, eta=s.eta, min_decode=s.min_decode),
+                knobs=knobs_of(run),
                 period_s=s.control_period_s,
                 max_tool_calls=run.spec.multi_turn.max_tool_calls,
             ),
@@ -503,23 +523,42 @@ class _RunReporter:
 def register(registry: kopf.OperatorRegistry, reconciler: Reconciler) -> None:
     """The kopf handlers, on `registry` (tests pass a fresh one)."""
 
+    # A state an object is in (waiting, invalid) is announced when it enters it, not on
+    # every retry of its handlers: the last one announced per object.
+    said: dict[tuple[str, str, str], tuple[str, str]] = {}
+
     def handle(kind: str, call: Callable[[Mapping[str, Any], Events], Any]) -> Callable[..., Any]:
         async def handler(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
             events: Events = []
+            before = (body.get("status") or {}).get("conditions") or []
+            key = (kind, body["metadata"].get("namespace", ""), body["metadata"]["name"])
             try:
                 status = await call(body, events)
             except Invalid as e:
-                patch.status["conditions"] = [
-                    condition("Degraded", True, "Invalid", str(e)),
-                    condition("Ready", False, "Invalid", str(e)),
-                ]
+                patch.status["conditions"] = settled(
+                    before,
+                    [
+                        condition("Degraded", True, "Invalid", str(e)),
+                        condition("Ready", False, "Invalid", str(e)),
+                    ],
+                )
                 if kind == "trainingruns":
                     patch.status["phase"] = "Degraded"
-                kopf.warn(body, reason="Invalid", message=str(e))
+                if said.get(key) != ("Invalid", str(e)):
+                    kopf.warn(body, reason="Invalid", message=str(e))
+                    said[key] = ("Invalid", str(e))
                 return
+            if "conditions" in status:
+                status["conditions"] = settled(before, status["conditions"])
             patch.status.update(status)
             for reason, message in events:
+                if reason in STATES:
+                    if said.get(key) == (reason, message):
+                        continue
+                    said[key] = (reason, message)
                 kopf.info(body, reason=reason, message=message)
+            if not any(reason in STATES for reason, _ in events):
+                said.pop(key, None)
 
         return handler
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from cadence.operator.capacity import sim_group
 from cadence.operator.resources import RolloutPool, TrainingRun
 from cadence.sim.catalog import ACCELERATORS, MODELS
 from cadence.sim.physics import (
@@ -23,8 +24,6 @@ from cadence.sim.physics import (
     deploy,
 )
 from cadence.sim.scenario import (
-    CustomAccelerator,
-    Group,
     Physics,
     Scenario,
     Scheduling,
@@ -50,27 +49,10 @@ def scenario_of(pool: RolloutPool, run: TrainingRun, w: SimWorkload = SimWorkloa
     max_len = w.prompt_tokens + batch.max_tokens
     groups = []
     for g in pool.spec.groups:
-        custom = None
-        if g.custom is not None:
-            fig = g.custom
-            custom = CustomAccelerator(
-                memory_gb=fig.memory_gb,
-                bandwidth_tb_s=fig.bandwidth_tb_s,
-                bf16_tflops=fig.bf16_tflops,
-            )
         tp = g.engine.tensor_parallel
-        if tp is None and custom is None:
+        if tp is None and g.custom is None:
             tp = deploy(model, ACCELERATORS[g.accelerator], max_len + s.h_min + s.delta).tp
-        groups.append(
-            Group(
-                name=g.name,
-                accelerator=g.accelerator,
-                devices=max(1, g.replicas * (tp or 1)),
-                affinity=g.affinity,
-                price_per_hour=g.price_per_hour,
-                custom=custom,
-            )
-        )
+        groups.append(sim_group(g, devices=max(1, g.replicas * (tp or 1))))
     c = w.compression
     if not 0 < c <= 1:
         raise ValueError("the simulator models a compression between 0 and 1 (slower hardware)")
