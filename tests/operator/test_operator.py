@@ -52,7 +52,9 @@ def _eventually(probe: Callable[[], Any], timeout: float = 30.0) -> Any:
     deadline = time.monotonic() + timeout
     while not (result := probe()):
         if time.monotonic() > deadline:
-            pytest.fail(f"not within {timeout} s")
+            pytest.fail(
+                f"not within {timeout} s (the probe on line {probe.__code__.co_firstlineno})"
+            )
         time.sleep(0.1)
     return result
 
@@ -539,7 +541,13 @@ def test_the_operator_runs_the_control_loop_on_the_pools_pods(tmp_path: Path) ->
                 60,
             )
             _eventually(lambda: len(_pods(url)) == 4 and _kubelet_marks_ready(url), 60)
-            _eventually(lambda: _status(url, f"{NS}/rolloutpools/mixed").get("tokensPerSecond"), 60)
+            _eventually(
+                lambda: (
+                    (pool := _status(url, f"{NS}/rolloutpools/mixed")).get("tokensPerSecond")
+                    and pool.get("versions")
+                ),
+                60,
+            )
             config = write_kubeconfig(tmp_path / "kubeconfig", url)
             shown = subprocess.run(
                 [
