@@ -319,13 +319,17 @@ class Reconciler:
             events.append(("Bound", f"RolloutPool {run.spec.pool}"))
         for obj in children.trainer_objects(run, body, pool):
             await self.kube.ensure(obj)
-        return {
-            "phase": "Running",
+        status: Status = {
             "conditions": [
                 condition("Ready", True, "Bound", f"RolloutPool {run.spec.pool}"),
                 condition("Degraded", False, "Valid"),
             ],
         }
+        # Once Running, the phase is the control loop's to write: this handler may have
+        # read the run just before the loop wrote Succeeded, and must not undo it.
+        if (body.get("status") or {}).get("phase") != "Running":
+            status["phase"] = "Running"
+        return status
 
     async def control(self, body: kopf.Body, stopped: kopf.DaemonStopped) -> None:
         """The shared control loop for one TrainingRun, for as long as it is bound and
