@@ -511,7 +511,7 @@ def test_the_operator_runs_the_control_loop_on_the_pools_pods(tmp_path: Path) ->
     """End to end: pod endpoints point at the emulated workers, the trainer endpoint at
     the trainer process; the run trains to its last version. `kubectl get` mid-run shows
     the pool's versions and throughput and each group's waiting demand."""
-    local, docs = Local(), _docs(6)
+    local, docs = Local(), _docs(12)  # long enough for the pool to show it mid-run (5 s reconciles)
     reconcilers: list[Reconciler] = []
     kube = KubernetesEmulator()
 
@@ -571,7 +571,7 @@ def test_the_operator_runs_the_control_loop_on_the_pools_pods(tmp_path: Path) ->
             # A finished run frees its pool.
             _eventually(lambda: _status(url, f"{NS}/rolloutpools/mixed").get("run") is None, 60)
             events = call(url, "GET", "/api/v1/namespaces/default/events")["items"]
-    assert status["policyVersion"] == 6 and status["step"] == 6
+    assert status["policyVersion"] == 12 and status["step"] == 12
     rows = [line.split() for line in shown.splitlines()]
     pool_row = next(r for r in rows if r and r[0] == "rolloutpool.cadence.dev/mixed")
     assert pool_row[1:4] == ["4/4", "4", "digits"] and float(pool_row[5]) > 0
@@ -586,7 +586,7 @@ def test_the_operator_runs_the_control_loop_on_the_pools_pods(tmp_path: Path) ->
     _monitoring_reads_real_metrics(scraped)
     assert status["tokensPerSecond"] > 0 and 0 < status["latencyP50S"] <= status["latencyP95S"]
     assert status["tokensPerDollar"] > 0
-    _ledger_is_whole(tmp_path, 6 * 8 * 8)
+    _ledger_is_whole(tmp_path, 12 * 8 * 8)
 
 
 def test_an_operator_restarted_mid_run_rebuilds_and_finishes_it(tmp_path: Path) -> None:
