@@ -60,7 +60,8 @@ log = logging.getLogger("cadence.operator")
 
 Status = dict[str, Any]
 Events = list[tuple[str, str]]  # (reason, message) for the handler to publish
-STATES = {"Waiting"}  # reasons that announce a state: once per entry into it
+STATES = {"Waiting", "Invalid"}  # reasons that announce a state: once per entry into it
+WARNINGS = {"Invalid"}
 
 
 def pod_endpoint(pod: Mapping[str, Any]) -> str | None:
@@ -410,6 +411,7 @@ class _RunReporter:
     patched: float = 0.0
     seen: Counter[str] = field(default_factory=Counter)  # loop totals at the last report
     reported_lost: frozenset[str] = frozenset()
+    written: dict[str, Status] = field(default_factory=dict)  # each group's last status
 
     def __post_init__(self) -> None:
         self.series = RunSeries(pool=self.pool.metadata.name, loop=self.loop)
@@ -493,18 +495,22 @@ class _RunReporter:
             shapes.append(GroupShape(name, affinity, max(live, default=capacity)))
         self.series.groups = group_stats(snapshot, actions, shapes, group_of)
         for name, st in self.series.groups.items():
-            status = {
+            status: Status = {
                 "versions": list(st.versions),
                 "meanContext": st.mean_context,
                 "headroomTokens": st.headroom_tokens,
                 "pendingTrajectories": st.pending_trajectories,
                 "pendingTokens": st.pending_tokens,
             }
+            if self.written.get(name) == status:
+                continue  # unchanged: no write, no watch event for every watcher
             url = path(API_VERSION, "rolloutgroups", self.run.metadata.namespace, name)
             try:
                 await self.reconciler.kube.patch(url + "/status", {"status": status})
             except (KubeError, httpx.TransportError) as e:
                 log.warning("patching %s's status failed: %s", name, e)
+                continue
+            self.written[name] = status
 
     def _events(self) -> None:
         totals = self.loop.totals
@@ -548,19 +554,18 @@ def register(registry: kopf.OperatorRegistry, reconciler: Reconciler) -> None:
                 )
                 if kind == "trainingruns":
                     patch.status["phase"] = "Degraded"
-                if said.get(key) != ("Invalid", str(e)):
-                    kopf.warn(body, reason="Invalid", message=str(e))
-                    said[key] = ("Invalid", str(e))
-                return
-            if "conditions" in status:
-                status["conditions"] = settled(before, status["conditions"])
-            patch.status.update(status)
+                events = [("Invalid", str(e))]
+            else:
+                if "conditions" in status:
+                    status["conditions"] = settled(before, status["conditions"])
+                patch.status.update(status)
             for reason, message in events:
                 if reason in STATES:
                     if said.get(key) == (reason, message):
                         continue
                     said[key] = (reason, message)
-                kopf.info(body, reason=reason, message=message)
+                post = kopf.warn if reason in WARNINGS else kopf.info
+                post(body, reason=reason, message=message)
             if not any(reason in STATES for reason, _ in events):
                 said.pop(key, None)
 

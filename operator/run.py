@@ -25,12 +25,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from cadence.operator.capacity import knobs_of
 from cadence.operator.children import trainer_config
 from cadence.operator.localpool import Children
 from cadence.operator.loop import ControlLoop, LoopConfig
 from cadence.operator.resources import MultiTurnSpec, RolloutPool, TrainingRun
 from cadence.operator.scheduler.registry import POLICIES
-from cadence.operator.scheduler.snapshot import Knobs
 from cadence.sim.catalog import ACCELERATORS
 from cadence.sim.stats import percentile
 from cadence.trainer.api import RunStats
@@ -155,8 +155,7 @@ async def run(
         state.policy = policy
         await children.healthy("trainer", within_s=300)
         await pool_run.start(workers)
-        s = spec.scheduler
-        knobs = Knobs(h_min=s.h_min, delta=s.delta, eta=s.eta, min_decode=s.min_decode)
+        knobs = knobs_of(training)
         client = TrainerClient(trainer_url, token)
         started, wall_started = time.monotonic(), time.time()
         timeline: list[Sample] = []
@@ -170,7 +169,7 @@ async def run(
             POLICIES[policy](),
             LoopConfig(
                 knobs=knobs,
-                period_s=s.control_period_s,
+                period_s=spec.scheduler.control_period_s,
                 max_tool_calls=spec.multi_turn.max_tool_calls,
                 lost_after_s=options.lost_after_s,
                 state_timeout_s=min(2.0, options.lost_after_s),

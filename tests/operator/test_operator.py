@@ -589,43 +589,49 @@ def test_the_operator_runs_the_control_loop_on_the_pools_pods(tmp_path: Path) ->
     _ledger_is_whole(tmp_path, 12 * 8 * 8)
 
 
+@contextlib.contextmanager
+def mid_run(
+    url: str, local: Local, docs: dict[str, dict[str, Any]], tmp_path: Path
+) -> Iterator[Watcher]:
+    """The pool, its processes and the run, with a Watcher polling, once the run has
+    reached version 2; the Watcher is stopped on the way out."""
+    call(url, "POST", f"{NS}/rolloutpools", docs["RolloutPool"])
+    with processes(url, local, docs["TrainingRun"], tmp_path):
+        watcher = Watcher(url, local)
+        watcher.start()
+        try:
+            call(url, "POST", f"{NS}/trainingruns", docs["TrainingRun"])
+            _eventually(lambda: _run_status(url).get("policyVersion", 0) >= 2, timeout=120)
+            yield watcher
+        finally:
+            watcher.stop.set()
+            watcher.join(timeout=10)
+
+
 def test_an_operator_restarted_mid_run_rebuilds_and_finishes_it(tmp_path: Path) -> None:
     local, docs = Local(), _docs(6)
     with emulator() as url:
         first = operator_thread(url, local.reconciler)
         first.__enter__()
-        call(url, "POST", f"{NS}/rolloutpools", docs["RolloutPool"])
-        with processes(url, local, docs["TrainingRun"], tmp_path):
-            watcher = Watcher(url, local)
-            watcher.start()
-            call(url, "POST", f"{NS}/trainingruns", docs["TrainingRun"])
-            _eventually(lambda: _run_status(url).get("policyVersion", 0) >= 2, timeout=120)
+        with mid_run(url, local, docs, tmp_path) as watcher:
             first.__exit__(None, None, None)  # the operator goes, its loop with it
             with operator_thread(url, local.reconciler):
                 _eventually(lambda: _run_status(url).get("phase") == "Succeeded", timeout=120)
-            watcher.stop.set()
-            watcher.join(timeout=10)
     assert watcher.polls > 20 and watcher.doubles == []
     _ledger_is_whole(tmp_path, 6 * 8 * 8)
 
 
 def test_scale_in_mid_run_drains_the_chosen_worker_and_loses_nothing(tmp_path: Path) -> None:
     local, docs = Local(), _docs(6)
-    with operator_on(local.reconciler) as url:
-        call(url, "POST", f"{NS}/rolloutpools", docs["RolloutPool"])
-        with processes(url, local, docs["TrainingRun"], tmp_path):
-            watcher = Watcher(url, local)
-            watcher.start()
-            call(url, "POST", f"{NS}/trainingruns", docs["TrainingRun"])
-            _eventually(lambda: _run_status(url).get("policyVersion", 0) >= 2, timeout=120)
-            call(url, "PATCH", f"{NS}/rolloutgroups/mixed-a910x/scale", {"spec": {"replicas": 1}})
-            _eventually(lambda: len(_pods(url, "a910x")) == 1)
-            _eventually(lambda: _run_status(url).get("phase") == "Succeeded", timeout=120)
-            watcher.stop.set()
-            watcher.join(timeout=10)
-            gone = watcher.drained
-            auth = {"Authorization": f"Bearer {local.token}"}
-            states = httpx.get(f"{local.host}/v1/states", headers=auth).json()["states"]
+    with operator_on(local.reconciler) as url, mid_run(url, local, docs, tmp_path) as watcher:
+        call(url, "PATCH", f"{NS}/rolloutgroups/mixed-a910x/scale", {"spec": {"replicas": 1}})
+        _eventually(lambda: len(_pods(url, "a910x")) == 1)
+        _eventually(lambda: _run_status(url).get("phase") == "Succeeded", timeout=120)
+        watcher.stop.set()
+        watcher.join(timeout=10)
+        gone = watcher.drained
+        auth = {"Authorization": f"Bearer {local.token}"}
+        states = httpx.get(f"{local.host}/v1/states", headers=auth).json()["states"]
     assert len(gone) == 1 and gone[0].startswith("mixed-a910x-")
     assert states[gone[0]]["draining"] and not states[gone[0]]["residents"]
     assert not states[gone[0]]["parked"]  # its work moved to the others
