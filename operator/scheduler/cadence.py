@@ -73,6 +73,9 @@ class CadencePolicy:
     def initial_state(self) -> CadenceState:
         return CadenceState()
 
+    def staleness_bound(self, eta: int) -> int:
+        return eta
+
     def plan(self, snapshot: Snapshot, state: CadenceState) -> tuple[list[Action], CadenceState]:
         knobs = snapshot.knobs
         actions: list[Action] = []

@@ -24,4 +24,11 @@ class Policy(Protocol[S]):
 
     def initial_state(self) -> S: ...
 
+    def staleness_bound(self, eta: int) -> int:
+        """The most versions a sample's batch may run ahead of the version it starts on,
+        given the run's `eta`: `eta` for every policy that honours it, a policy's own bound
+        otherwise (Sync 0, One-off 1, `laminar-native` 4). Reports put it beside each row
+        so policies are compared at equal staleness."""
+        ...
+
     def plan(self, snapshot: Snapshot, state: S) -> tuple[Sequence[Action], S]: ...

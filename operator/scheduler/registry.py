@@ -5,6 +5,7 @@ parameter unknown, the comparison takes the baseline at its best setting)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from typing import Any
 
 from cadence.operator.scheduler.baselines.areal import ArealPolicy
@@ -21,7 +22,13 @@ POLICIES: dict[str, Callable[..., Policy[Any]]] = {
     "areal": ArealPolicy,
     "laminar": LaminarPolicy,
     "dora": DoraPolicy,
+    # Laminar as its paper ran it: no configured bound, observed at most 4 versions ahead.
+    "laminar-native": partial(LaminarPolicy, max_staleness=4, name="laminar-native"),
 }
+
+# What `cadence sim` runs when no policy is named: one row per policy, each held to the
+# scenario's eta. Variants with a bound of their own are named explicitly.
+DEFAULT_POLICIES: tuple[str, ...] = ("cadence", "sync", "one-off", "areal", "laminar", "dora")
 
 SWEEPS: dict[str, Sequence[Mapping[str, Any]]] = {
     "areal": [{"max_concurrent": n} for n in (1024, 2048, 4096, None)],
@@ -32,3 +39,4 @@ SWEEPS: dict[str, Sequence[Mapping[str, Any]]] = {
     ],
     "dora": [{"rebalance_period_s": p} for p in (10.0, 30.0, 120.0)],
 }
+SWEEPS["laminar-native"] = SWEEPS["laminar"]

@@ -20,7 +20,7 @@ from cadence.operator.cli import main
 from cadence.operator.localpool import CADENCE
 from cadence.operator.resources import load
 from cadence.operator.run import pool_workers, vllm_workers
-from cadence.operator.scheduler.registry import POLICIES
+from cadence.operator.scheduler.registry import DEFAULT_POLICIES
 
 EXAMPLE = Path(__file__).parents[2] / "manifests" / "examples" / "trainingrun.yaml"
 
@@ -78,16 +78,16 @@ def test_compare_runs_each_of_the_six_policies_and_prints_them_side_by_side(
 ) -> None:
     short = tmp_path / "short.yaml"
     short.write_text(EXAMPLE.read_text().replace("iterations: 30", "iterations: 2"))
-    argv = ["run", str(short), "--compare", ",".join(POLICIES), "--workdir", str(tmp_path)]
+    argv = ["run", str(short), "--compare", ",".join(DEFAULT_POLICIES), "--workdir", str(tmp_path)]
     assert main(argv) == 0
     captured = capsys.readouterr()
     runs = json.loads(captured.out.strip().splitlines()[-1])["runs"]
-    assert [r["policy"] for r in runs] == list(POLICIES)
+    assert [r["policy"] for r in runs] == list(DEFAULT_POLICIES)
     for r in runs:
         assert r["samples_delivered"] == r["samples_admitted"] == 2 * 8 * 8, r["policy"]
         assert r["samples_lost"] == 0 and (tmp_path / r["policy"] / "trainer").is_dir()
     header = next(line for line in captured.err.splitlines() if "cadence" in line)
-    assert all(name in header for name in POLICIES)  # one table, a column per policy
+    assert all(name in header for name in DEFAULT_POLICIES)  # one table, a column per policy
     assert json.loads((tmp_path / "run.json").read_text())["runs"] == runs
 
 

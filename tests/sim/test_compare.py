@@ -37,3 +37,12 @@ def test_vary_runs_each_value_of_one_scenario_field() -> None:
     assert by_value[0][0].simulated_seconds > by_value[2][0].simulated_seconds
     with pytest.raises(compare.UnknownSetting, match="no field"):
         compare.vary(Scenario.load(TINY), ["cadence"], "scheduling.bogus", [1])
+
+
+def test_laminar_is_held_to_eta_and_its_native_variant_runs_ahead() -> None:
+    scenario = compare.with_setting(Scenario.load(TINY), "workload.iterations", 6)
+    held, native = compare.run(scenario, ["laminar", "laminar-native"], {})
+    assert (held.staleness_bound, native.staleness_bound) == (1, 4)
+    assert held.max_version_lag <= 1
+    assert native.max_version_lag > 1  # it does use the staleness it is allowed
+    assert held.extras["settings"] == native.extras["settings"] == {}

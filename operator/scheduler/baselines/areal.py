@@ -37,6 +37,9 @@ class ArealPolicy:
     def initial_state(self) -> DispatchState:
         return DispatchState()
 
+    def staleness_bound(self, eta: int) -> int:
+        return eta
+
     def plan(self, snapshot: Snapshot, state: DispatchState) -> tuple[list[Action], DispatchState]:
         out: list[Action] = []
         admit = groups_to_admit(snapshot)

@@ -69,6 +69,9 @@ class DoraPolicy:
     def initial_state(self) -> DoraState:
         return DoraState()
 
+    def staleness_bound(self, eta: int) -> int:
+        return eta
+
     def plan(self, snapshot: Snapshot, state: DoraState) -> tuple[list[Action], DoraState]:
         out: list[Action] = []
         admit = groups_to_admit(snapshot)

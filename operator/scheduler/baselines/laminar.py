@@ -12,7 +12,10 @@ destination KV <= C_max and requests <= B. Emptied sources pull new weights.
 
 Unknowns, left as parameters to sweep (the comparison should take Laminar at its best):
 the prompts a replica takes at a time, B, C_max. No staleness bound is configured in
-Laminar (observed under 3, at most 4): `max_staleness` = 4 caps what a replica may take.
+Laminar (observed under 3, at most 4). `max_staleness` caps how far ahead of the newest
+version a replica may take prompts; None (the default) holds it to the run's `eta`, as
+every bounded policy is, so a comparison is at equal staleness. `laminar-native` in the
+registry is Laminar as its paper ran it, at 4: compare it with Cadence at `eta = 4`.
 Multi-turn returns go back to their replica (simplification: not stated in the source).
 """
 
@@ -50,10 +53,13 @@ class LaminarPolicy:
     decode_batch_bound: int = 128
     kv_cap: float = 0.9
     repack_period_s: float = 5.0
-    max_staleness: int = 4
+    max_staleness: int | None = None
 
     def initial_state(self) -> LaminarState:
         return LaminarState()
+
+    def staleness_bound(self, eta: int) -> int:
+        return eta if self.max_staleness is None else self.max_staleness
 
     def plan(self, snapshot: Snapshot, state: LaminarState) -> tuple[list[Action], LaminarState]:
         out: list[Action] = []
@@ -69,6 +75,7 @@ class LaminarPolicy:
 
         # Drained replicas pull the newest weights, then take a batch of prompts.
         admitted = adm.groups_admitted
+        bound = self.staleness_bound(snapshot.knobs.eta)
         for w in live:
             if w.residents or w.id in busy:
                 continue
@@ -78,7 +85,7 @@ class LaminarPolicy:
                 continue
             take = min(self.prompts_per_take, adm.total_groups - admitted)
             batch = admitted // adm.batch_size
-            if take > 0 and batch <= newest + self.max_staleness:
+            if take > 0 and batch <= newest + bound:
                 out.append(Admit(take))
                 for g in range(admitted, admitted + take):
                     claims[g] = w.id

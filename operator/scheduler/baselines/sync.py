@@ -47,6 +47,9 @@ class VerlPolicy:
     def initial_state(self) -> DispatchState:
         return DispatchState()
 
+    def staleness_bound(self, eta: int) -> int:
+        return self.staleness
+
     def plan(self, snapshot: Snapshot, state: DispatchState) -> tuple[list[Action], DispatchState]:
         out: list[Action] = []
         idle = (
