@@ -29,11 +29,11 @@ from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedCo
 from cadence.bench.scheduler import main as bench_main
 from cadence.bench.workload import main as workload_main
 from cadence.operator.scheduler import ConfigError, plan
-from cadence.operator.scheduler.registry import POLICIES
+from cadence.operator.scheduler.registry import DEFAULT_POLICIES, POLICIES
 from cadence.operator.scheduler.wire import SnapshotModel, StateModel, actions_to_json
 from cadence.sim import compare, plots
 from cadence.sim.core import StallError
-from cadence.sim.report import document, table
+from cadence.sim.report import document, pool_lines, table
 from cadence.sim.scenario import Scenario
 
 PROG = "cadence"
@@ -86,7 +86,8 @@ def _validation_sentence(what: str, path: Path, error: ValidationError) -> str:
     where = ".".join(str(part) for part in first["loc"]) or "(top level)"
     more = error.error_count() - 1
     tail = f" (and {more} more)" if more else ""
-    return f"{what} {path} is invalid at {where}: {first['msg']}{tail}"
+    message = first["msg"].removeprefix("Value error, ")
+    return f"{what} {path} is invalid at {where}: {message}{tail}"
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
@@ -176,17 +177,33 @@ def _read_scenario(path: Path) -> Scenario:
         return Scenario.load(path)
     except OSError as e:
         raise UsageError(f"cannot read scenario {path}: {e.strerror or e}") from None
+    except UnicodeDecodeError as e:
+        raise UsageError(
+            f"scenario {path} is not UTF-8 text (byte {e.object[e.start]:#04x} at offset {e.start})"
+        ) from None
     except yaml.YAMLError as e:
-        raise UsageError(f"scenario {path} is not YAML: {e}") from None
+        raise UsageError(f"scenario {path} is not valid YAML{_yaml_where(e)}") from None
+    except RecursionError:
+        raise UsageError(f"scenario {path} nests too deeply to read") from None
     except ValidationError as e:
         raise UsageError(_validation_sentence("scenario", path, e)) from None
+
+
+def _yaml_where(error: yaml.YAMLError) -> str:
+    """' at line L, column C: what the parser found', or as much of it as it knows."""
+    if not isinstance(error, yaml.MarkedYAMLError):
+        return ""
+    mark = error.problem_mark or error.context_mark
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+    problem = error.problem or error.context
+    return f"{where}: {problem}" if problem else where
 
 
 def _holds_resources(path: Path) -> bool:
     """Whether a YAML file holds Kubernetes-style resources rather than a scenario."""
     try:
-        docs = list(yaml.safe_load_all(path.read_text()))
-    except (OSError, yaml.YAMLError):
+        docs = list(yaml.safe_load_all(path.read_bytes().decode("utf-8")))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError, RecursionError):
         return False  # the scenario reader says why
     return any(isinstance(d, dict) and "apiVersion" in d for d in docs)
 
@@ -268,6 +285,8 @@ def _cmd_sim(args: argparse.Namespace) -> int:
     settings = _policy_settings(args.param or [])
 
     out = Console(width=None if sys.stdout.isatty() else 120)
+    for line in pool_lines(scenario.deployments()):
+        print(line)
     if args.vary is not None:
         path, values = _vary_values(args.vary)
         with _progress() as progress:
@@ -313,7 +332,7 @@ def _cmd_sim(args: argparse.Namespace) -> int:
         )
     out.print(table(results, scenario.name))
     if args.json is not None:
-        doc = document(scenario.name, wall, results)
+        doc = document(scenario.name, wall, results, scenario.deployments())
         args.json.write_text(json.dumps(doc, indent=2) + "\n")
     if args.plots is not None:
         for path_written in plots.write_all(results, args.plots):
@@ -661,7 +680,11 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="PATH=VALUE",
         help="set a scenario field (e.g. workload.prompt_tokens=64); repeatable",
     )
-    s.add_argument("--policies", default=",".join(POLICIES), help="comma-separated names")
+    s.add_argument(
+        "--policies",
+        default=",".join(DEFAULT_POLICIES),
+        help=f"comma-separated names, of {', '.join(POLICIES)} (default: all but the variants)",
+    )
     s.add_argument("--seed", type=int, help="override the scenario's seed")
     s.add_argument("--json", type=Path, help="write the results as JSON here")
     s.add_argument("--plots", type=Path, metavar="DIR", help="write PNG plots into DIR")

@@ -90,19 +90,32 @@ def run(
 
 def with_setting(scenario: Scenario, path: str, value: Any) -> Scenario:
     """A copy of the scenario with one field, named by its dotted path, set to `value`;
-    validated again, so a bad path or value raises pydantic's ValidationError."""
-    raw = scenario.model_dump()
-    node = raw
+    validated again, so a bad path or value raises pydantic's ValidationError. A list of
+    named items is entered by an item's name (`groups.h800.devices`) or its index."""
+    raw = scenario.model_dump(exclude_none=False)
+    node: Any = raw
     *parents, leaf = path.split(".")
     for part in parents:
-        child = node.get(part)
-        if not isinstance(child, dict):
+        child = _child(node, part)
+        if not isinstance(child, dict | list):
             raise UnknownSetting(f"scenario has no section {part!r} in {path!r}")
         node = child
-    if leaf not in node:
+    if isinstance(node, list) or leaf not in node:
         raise UnknownSetting(f"scenario has no field {path!r}")
     node[leaf] = value
     return Scenario.model_validate(raw)
+
+
+def _child(node: Any, part: str) -> Any:
+    if isinstance(node, dict):
+        return node.get(part)
+    named = [item for item in node if isinstance(item, dict) and item.get("name") == part]
+    if named:
+        return named[0]
+    if part.isdigit() and int(part) < len(node):
+        return node[int(part)]
+    names = ", ".join(str(item.get("name")) for item in node if isinstance(item, dict))
+    raise UnknownSetting(f"no item named {part!r}; there are {names}")
 
 
 def vary(

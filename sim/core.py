@@ -6,6 +6,10 @@ trajectory, a placement costs a re-prefill or a KV transfer, an advance loads we
 then every worker's engine decodes until the period ends, trajectories that call a tool
 wait for their environment, and the trainer consumes each complete batch and publishes
 the next version. The run ends when exactly `iterations x B` groups have been consumed.
+
+A run that stops making progress (nothing decoded, trained, loaded or awaited for
+`STALL_S` simulated seconds with work unfinished) ends at once with a `StallError` that
+says what is stuck, rather than spinning to the time limit.
 """
 
 from __future__ import annotations
@@ -35,12 +39,16 @@ from cadence.operator.scheduler import (
 )
 from cadence.sim.catalog import MODELS
 from cadence.sim.engine import Engine, Request
-from cadence.sim.physics import Deployment, deploy, transfer_s
+from cadence.sim.physics import Deployment, transfer_s
 from cadence.sim.scenario import Scenario
 from cadence.sim.stats import percentile
 from cadence.sim.workload import Sample
 
 State = Literal["fresh", "pending", "env", "running", "done"]
+
+# Simulated seconds with nothing decoded, trained, loading or waiting on an environment
+# after which a run is stalled: far above any real pause (a weight load takes seconds).
+STALL_S = 600.0
 
 
 class StallError(RuntimeError):
@@ -67,6 +75,7 @@ class Trajectory:
     waited_s: float = 0.0  # pending and placeable, yet not placed (environment time excluded)
     evicted: bool = False  # its last departure was an eviction (its next placement a move)
     versions_spanned: int = 0  # AReaL-like only: weight switches it decoded across
+    start_version: int | None = None  # the version it started on (its staleness)
 
     def next_stop(self) -> int:
         """Tokens to decode before it next stops: its next tool call, or its end."""
@@ -81,7 +90,7 @@ class Worker:
     group: str
     affinity: int
     deployment: Deployment
-    price_per_hour: float
+    price_per_hour: float | None
     engine: Engine
     version: int | None = None
 
@@ -112,17 +121,26 @@ class TracePoint:
 
 @dataclass
 class Result:
+    """One policy's run. `tokens_per_dollar` is None when some worker has no price;
+    `staleness_bound` is the policy's bound at the scenario's eta, `max_version_lag` the
+    most versions any consumed sample's batch ran ahead of the version it started on;
+    `tool_departures` counts trajectories leaving a worker for a tool call (each comes
+    back as a placement, a move at a turn boundary)."""
+
     policy: str
     throughput_tok_s: float
     latency_p50_s: float
     latency_p95_s: float
-    tokens_per_dollar: float
+    tokens_per_dollar: float | None
     trajectories: int
     migrations: int
     migrated_bytes: float
     preemptions: int
     simulated_seconds: float
     generated_tokens: int
+    staleness_bound: int = 0
+    max_version_lag: int = 0
+    tool_departures: int = 0
     extras: dict[str, Any] = field(default_factory=dict)
     timeline: list[PeriodSample] = field(default_factory=list, repr=False)
     trace: list[TracePoint] = field(default_factory=list, repr=False)
@@ -182,25 +200,28 @@ class Simulation:
         self.model = MODELS[scenario.model]
         phys = scenario.physics
         self.workers: dict[str, Worker] = {}
-        for group in scenario.groups:
-            acc = group.resolve()
-            d = deploy(
-                self.model,
-                acc,
-                scenario.min_kv_tokens(),
-                efficiency=phys.efficiency(),
-                memory_utilisation=phys.memory_utilisation,
-                reserve_bytes=phys.reserve_gb * 1e9,
-            )
-            price = (acc.price_per_hour.value if acc.price_per_hour else 0.0) * d.tp
-            for i in range(group.devices // d.tp):
+        for group, deployed in zip(scenario.groups, scenario.deployments(), strict=True):
+            d = deployed.deployment
+            price = d.accelerator.price_per_hour
+            for i in range(deployed.workers):
                 wid = f"{group.name}-{i}"
                 self.workers[wid] = Worker(
-                    wid, group.name, group.affinity, d, price, Engine(d, phys.max_batch)
+                    wid,
+                    group.name,
+                    group.affinity,
+                    d,
+                    price.value * d.tp if price is not None else None,
+                    Engine(d, phys.max_batch),
                 )
         w = scenario.workload
         s = scenario.scheduling
-        self.knobs = Knobs(h_min=s.h_min, delta=s.delta, eta=s.eta, min_decode=s.min_decode)
+        self.knobs = Knobs(
+            h_min=s.h_min,
+            delta=s.delta,
+            eta=s.eta,
+            min_decode=s.min_decode,
+            concentrate_without_fresh=s.concentrate_without_fresh,
+        )
         capacities = {wk.group: wk.deployment.kv_capacity_tokens for wk in self.workers.values()}
         check_no_stranding(capacities, scenario.max_model_len, self.knobs)
         self.total_groups = w.iterations * w.prompts_per_batch
@@ -223,7 +244,9 @@ class Simulation:
         self.migrations = 0
         self.migrated_bytes = 0.0
         self.timeline: list[PeriodSample] = []
+        self.tool_departures = 0
         self._decoded_so_far = 0
+        self._progress_at = 0.0  # when something last decoded, trained, loaded or returned
         self.traced = trace
         self.trace: list[TracePoint] = []
 
@@ -313,7 +336,7 @@ class Simulation:
         request = Request(t.sample.id, t.context, t.next_stop())
         if t.state == "fresh":
             del self._fresh[t.sample.id]
-            t.version = w.version
+            t.version = t.start_version = w.version
             request.load_s = w.deployment.prefill_s(t.context)
         elif t.state == "pending":
             del self._pending[t.sample.id]
@@ -369,6 +392,7 @@ class Simulation:
                 else:
                     latency = t.sample.env_latencies_s[t.calls_made]
                     t.calls_made += 1
+                    self.tool_departures += 1
                     t.state, t.parked_on = "env", w.id
                     t.pending_since, t.env_until = stop.time, stop.time + latency
                     assert t.version is not None
@@ -474,12 +498,60 @@ class Simulation:
             self.step()
             if on_batch is not None and self.consumed != consumed:
                 on_batch(self.consumed, self.now)
+            if self._moving() or self.consumed != consumed:
+                self._progress_at = self.now
+            elif self.now - self._progress_at > STALL_S:
+                raise StallError(self._what_is_stuck())
             if self.now > max_seconds:
                 raise StallError(
                     f"no end after {max_seconds:.0f} simulated seconds: "
                     f"{self.consumed} of {self.scenario.workload.iterations} batches consumed"
                 )
         return self.result()
+
+    def _moving(self) -> bool:
+        """Whether the last period did anything: decoded, trained, loaded weights or a
+        prefill or a transfer, or had a trajectory waiting on its environment."""
+        return bool(
+            (self.timeline and self.timeline[-1].tokens)
+            or self.training is not None
+            or self._in_env
+            or any(w.engine.busy_after(self.now) for w in self.workers.values())
+        )
+
+    def _what_is_stuck(self) -> str:
+        b = self.scenario.workload.prompts_per_batch
+        versions: dict[int | None, int] = {}
+        for w in self.workers.values():
+            versions[w.version] = versions.get(w.version, 0) + 1
+        fresh_batches = sorted({f.group // b for f in self._fresh.values()})
+        pending_versions = sorted({p.version for p in self._pending.values()})
+        residents = sum(w.engine.assigned()[0] for w in self.workers.values())
+        served = ", ".join(f"{n} on v{v}" for v, n in sorted(versions.items(), key=str))
+        return (
+            f"{getattr(self.policy, 'name', 'the policy')} stalled: nothing decoded for "
+            f"{STALL_S:.0f} simulated seconds at t = {self.now:,.0f} s, with "
+            f"{len(self._fresh)} fresh sample(s) of batch(es) {fresh_batches or '-'}, "
+            f"{len(self._pending)} pending of version(s) {pending_versions or '-'} and "
+            f"{residents} resident(s); newest version {self.newest}, "
+            f"{self.consumed} of {self.scenario.workload.iterations} batches consumed; "
+            f"workers: {served}"
+        )
+
+    def max_version_lag(self) -> int:
+        """The most versions a consumed sample's training batch ran ahead of the version it
+        started on (AReaL-like's batches are the oldest complete groups, in that order)."""
+        b = self.scenario.workload.prompts_per_batch
+        if self.oldest_complete:
+            update_of = {g: i // b for i, g in enumerate(self.complete_groups[: self.consumed * b])}
+        else:
+            update_of = {g: g // b for g in range(self.consumed * b)}
+        lags = [
+            update_of[t.sample.group] - t.start_version
+            for t in self.trajectories.values()
+            if t.start_version is not None and t.sample.group in update_of
+        ]
+        return max(lags, default=0)
 
     def result(self) -> Result:
         done = [t for t in self.trajectories.values() if t.state == "done"]
@@ -493,19 +565,23 @@ class Simulation:
             **_tail_anatomy(done, b),
         }
         hours = self.now / 3600.0
-        dollars = sum(w.price_per_hour for w in self.workers.values()) * hours
+        prices = [w.price_per_hour for w in self.workers.values()]
+        dollars = sum(p for p in prices if p is not None) * hours
         return Result(
             policy=getattr(self.policy, "name", type(self.policy).__name__),
             throughput_tok_s=tokens / self.now,
             latency_p50_s=statistics.median(latencies),
             latency_p95_s=percentile(latencies, 0.95),
-            tokens_per_dollar=tokens / dollars if dollars else float("inf"),
+            tokens_per_dollar=tokens / dollars if dollars and None not in prices else None,
             trajectories=len(done),
             migrations=self.migrations,
             migrated_bytes=self.migrated_bytes,
             preemptions=sum(w.engine.preemptions for w in self.workers.values()),
             simulated_seconds=self.now,
             generated_tokens=tokens,
+            staleness_bound=self.policy.staleness_bound(self.knobs.eta),
+            max_version_lag=self.max_version_lag(),
+            tool_departures=self.tool_departures,
             extras=extras,
             timeline=self.timeline,
             trace=self.trace,

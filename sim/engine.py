@@ -107,6 +107,10 @@ class Engine:
         """In the decoding batch, not waiting in the engine's queue."""
         return rid in self._running
 
+    def busy_after(self, now: float) -> bool:
+        """Whether it is still loading, prefilling or awaiting a KV transfer past `now`."""
+        return self.time > now or any(w.ready_at > now for w in self._waiting)
+
     @property
     def idle(self) -> bool:
         return not self._running and not self._waiting

@@ -1,20 +1,34 @@
 """A simulation scenario: the pool, the model, the workload, the trainer and the knobs.
 
 One pydantic model validates the YAML file, so a bad file is refused naming the field
-path and the reason. Every physics figure has a cited default (see `physics` and
-`catalog`) and may be overridden here; custom accelerator types carry their own figures.
+path and the reason, before anything runs: that includes a group whose devices yield no
+worker and knobs no worker could hold (`deployments`). Every number has a finite range,
+so no file can ask for a run that never ends. Every physics figure has a cited default
+(see `physics` and `catalog`) and may be overridden here; custom accelerator types carry
+their own figures. Files a scenario names (recorded lengths or latencies) are read
+relative to the scenario file.
 """
 
 from __future__ import annotations
 
 import itertools
+import json
 import random
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Self
+from typing import Annotated, Any, Literal, Self
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from cadence.sim.catalog import ACCELERATORS, GB, MODELS, TB, Accelerator, Figure
 from cadence.sim.physics import (
@@ -22,21 +36,75 @@ from cadence.sim.physics import (
     DECODE_MFU,
     PREFILL_MFU,
     STEP_OVERHEAD_S,
+    Deployment,
     Efficiency,
+    deploy,
 )
-from cadence.sim.workload import LengthModel, MultiTurn, Sample, generate_group
+from cadence.sim.workload import (
+    Component,
+    Empirical,
+    EmpiricalLengths,
+    Exponential,
+    LatencyLaw,
+    LengthLaw,
+    LengthModel,
+    Lognormal,
+    MixtureLengths,
+    MultiTurn,
+    Sample,
+    generate_group,
+)
+
+# Upper bounds on what a scenario may ask for: far above any real pool or workload, low
+# enough that no file can ask for a run that does not end.
+MAX_DEVICES = 4_096
+MAX_TOKENS = 1 << 21
+MAX_SECONDS = 86_400.0 * 7
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+
+def read_numbers(path: Path, field: str | None) -> list[float]:
+    """Positive numbers recorded one a line, or under `field` of each JSON line; a
+    ValueError names the file, the line and what is wrong."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise ValueError(f"cannot read {path}: {e.strerror or e}") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"{path} is not UTF-8 text") from None
+    out: list[float] = []
+    for number, raw_line in enumerate(text.splitlines(), start=1):
+        line = raw_line.strip()
+        if not line or line.startswith("#"):
+            continue
+        try:
+            raw: Any = json.loads(line)[field] if field is not None else float(line)
+            value = float(raw)
+        except (ValueError, KeyError, TypeError, IndexError):
+            what = f"a JSON object with a number under {field!r}" if field else "a number"
+            raise ValueError(f"{path} line {number} is not {what}: {line[:40]!r}") from None
+        if not 0 < value < float("inf"):
+            raise ValueError(f"{path} line {number}: {line[:40]!r} is not a positive number")
+        out.append(value)
+    if not out:
+        raise ValueError(f"{path} holds no numbers")
+    return out
+
+
+def _resolve(path: Path, info: ValidationInfo) -> Path:
+    base = (info.context or {}).get("base")
+    return path if path.is_absolute() or base is None else Path(base) / path
 
 
 class CustomAccelerator(_Strict):
     """An accelerator type the catalog lacks: its figures, all estimates (E)."""
 
-    memory_gb: float = Field(gt=0)
-    bandwidth_tb_s: float = Field(gt=0)
-    bf16_tflops: float = Field(gt=0)
+    memory_gb: float = Field(gt=0, le=1e5)
+    bandwidth_tb_s: float = Field(gt=0, le=1e3)
+    bf16_tflops: float = Field(gt=0, le=1e6)
 
 
 class Group(_Strict):
@@ -45,9 +113,9 @@ class Group(_Strict):
 
     name: str = Field(min_length=1)
     accelerator: str = Field(min_length=1)
-    devices: int = Field(ge=1)
-    affinity: int = 0
-    price_per_hour: float | None = Field(default=None, ge=0)
+    devices: int = Field(ge=1, le=MAX_DEVICES)
+    affinity: int = Field(default=0, ge=-1_000, le=1_000)
+    price_per_hour: float | None = Field(default=None, ge=0, le=1e6)
     custom: CustomAccelerator | None = None
 
     @model_validator(mode="after")
@@ -88,17 +156,17 @@ class Physics(_Strict):
     bandwidth_efficiency: float = Field(default=BANDWIDTH_EFFICIENCY.value, gt=0, le=1)
     prefill_mfu: float = Field(default=PREFILL_MFU.value, gt=0, le=1)
     decode_mfu: float = Field(default=DECODE_MFU.value, gt=0, le=1)
-    step_overhead_s: float = Field(default=STEP_OVERHEAD_S.value, ge=0)
+    step_overhead_s: float = Field(default=STEP_OVERHEAD_S.value, ge=0, le=1)
     memory_utilisation: float = Field(default=0.9, gt=0, le=1)
-    reserve_gb: float = Field(default=2.0, ge=0)
+    reserve_gb: float = Field(default=2.0, ge=0, le=1e4)
     # The KV a worker must hold; by default what no stranding needs:
     # max_model_len + h_min + delta (DESIGN.md, "Headroom and thresholds").
-    min_kv_tokens: int | None = Field(default=None, ge=1)
-    max_batch: int = Field(default=256, ge=1)
+    min_kv_tokens: int | None = Field(default=None, ge=1, le=MAX_TOKENS * 4)
+    max_batch: int = Field(default=256, ge=1, le=65_536)
     # The paper's testbed: 8 x 200 Gbps RDMA in a cluster (one 200G NIC is 21.7 GB/s
     # measured, CATALOG.md), a 20 Gbps link across clusters.
-    intra_cluster_gb_s: float = Field(default=21.7, gt=0)
-    inter_cluster_gb_s: float = Field(default=2.5, gt=0)
+    intra_cluster_gb_s: float = Field(default=21.7, ge=1e-3, le=1e5)
+    inter_cluster_gb_s: float = Field(default=2.5, ge=1e-3, le=1e5)
     kv_transfer: bool = True  # moves within one accelerator type send KV, else re-prefill
 
     def efficiency(self) -> Efficiency:
@@ -110,43 +178,210 @@ class Physics(_Strict):
         )
 
 
+class LognormalLengths(_Strict):
+    """The default law, spelled out: a lognormal per group around `median_tokens`."""
+
+    law: Literal["lognormal"]
+    median_tokens: float = Field(gt=0, le=MAX_TOKENS)
+    sigma_between_groups: float = Field(default=0.75, ge=0, le=5)
+    sigma_within_group: float = Field(default=0.6, ge=0, le=5)
+
+    def build(self) -> LengthLaw:
+        return LengthModel(self.median_tokens, self.sigma_between_groups, self.sigma_within_group)
+
+
+class MixtureComponent(_Strict):
+    weight: float = Field(gt=0, le=1e6)
+    median_tokens: float = Field(gt=0, le=MAX_TOKENS)
+    sigma_between_groups: float = Field(default=0.5, ge=0, le=5)
+    sigma_within_group: float = Field(default=0.5, ge=0, le=5)
+
+
+class MixtureLengthsSpec(_Strict):
+    """Lognormal components, each sample drawing one by weight (e.g. 70% short answers
+    around 800 tokens, 30% long reasoning around 12K)."""
+
+    law: Literal["mixture"]
+    components: list[MixtureComponent] = Field(min_length=1, max_length=64)
+
+    def build(self) -> LengthLaw:
+        return MixtureLengths(
+            tuple(
+                Component(c.weight, c.median_tokens, c.sigma_between_groups, c.sigma_within_group)
+                for c in self.components
+            )
+        )
+
+
+class EmpiricalLengthsSpec(_Strict):
+    """A recorded length histogram: `path` holds one length a line, or JSON lines with
+    the length under `field`."""
+
+    law: Literal["empirical"]
+    path: Path
+    field: str | None = None
+    group_correlation: float = Field(default=0.6, ge=0, le=1)
+    _values: tuple[float, ...] = PrivateAttr(default=())
+
+    @field_validator("path")
+    @classmethod
+    def _relative_to_scenario(cls, path: Path, info: ValidationInfo) -> Path:
+        return _resolve(path, info)
+
+    @model_validator(mode="after")
+    def _read(self) -> Self:
+        self._values = tuple(read_numbers(self.path, self.field))
+        return self
+
+    def build(self) -> LengthLaw:
+        return EmpiricalLengths(self._values, self.group_correlation)
+
+
+LengthLawSpec = Annotated[
+    LognormalLengths | MixtureLengthsSpec | EmpiricalLengthsSpec, Field(discriminator="law")
+]
+
+
+class ExponentialLatency(_Strict):
+    law: Literal["exponential"]
+    mean_s: float = Field(ge=0, le=MAX_SECONDS)
+
+    def build(self) -> LatencyLaw:
+        return Exponential(self.mean_s)
+
+
+class LognormalLatency(_Strict):
+    law: Literal["lognormal"]
+    median_s: float = Field(gt=0, le=MAX_SECONDS)
+    sigma: float = Field(default=1.0, ge=0, le=5)
+
+    def build(self) -> LatencyLaw:
+        return Lognormal(self.median_s, self.sigma)
+
+
+class EmpiricalLatency(_Strict):
+    """Recorded tool-call latencies in seconds, one a line (or under `field` of JSON lines)."""
+
+    law: Literal["empirical"]
+    path: Path
+    field: str | None = None
+    _values: tuple[float, ...] = PrivateAttr(default=())
+
+    @field_validator("path")
+    @classmethod
+    def _relative_to_scenario(cls, path: Path, info: ValidationInfo) -> Path:
+        return _resolve(path, info)
+
+    @model_validator(mode="after")
+    def _read(self) -> Self:
+        values = read_numbers(self.path, self.field)
+        if max(values) > MAX_SECONDS:
+            raise ValueError(f"{self.path} holds a latency above {MAX_SECONDS:.0f} s")
+        self._values = tuple(values)
+        return self
+
+    def build(self) -> LatencyLaw:
+        return Empirical(self._values)
+
+
+LatencyLawSpec = Annotated[
+    ExponentialLatency | LognormalLatency | EmpiricalLatency, Field(discriminator="law")
+]
+
+
 class Workload(_Strict):
-    prompts_per_batch: int = Field(default=512, ge=1)  # B, in prompt groups
-    samples_per_prompt: int = Field(default=16, ge=1)
-    iterations: int = Field(default=5, ge=1)
-    prompt_tokens: int = Field(default=512, ge=1)
-    median_response_tokens: float = Field(default=1_500, gt=0)
-    sigma_between_groups: float = Field(default=0.75, ge=0)
-    sigma_within_group: float = Field(default=0.6, ge=0)
+    prompts_per_batch: int = Field(default=512, ge=1, le=65_536)  # B, in prompt groups
+    samples_per_prompt: int = Field(default=16, ge=1, le=1_024)
+    iterations: int = Field(default=5, ge=1, le=1_000)
+    prompt_tokens: int = Field(default=512, ge=1, le=MAX_TOKENS)
+    # The default length law (lognormal); `response_lengths` replaces it when given.
+    median_response_tokens: float = Field(default=1_500, gt=0, le=MAX_TOKENS)
+    sigma_between_groups: float = Field(default=0.75, ge=0, le=5)
+    sigma_within_group: float = Field(default=0.6, ge=0, le=5)
+    response_lengths: LengthLawSpec | None = None
     multi_turn_share: float = Field(default=0.0, ge=0, le=1)
-    max_tool_calls: int = Field(default=12, ge=1)
-    env_latency_s: float = Field(default=2.0, ge=0)
-    observation_tokens: int = Field(default=128, ge=0)
+    max_tool_calls: int = Field(default=12, ge=1, le=1_000)
+    # The mean of an exponential; `env_latency` replaces it when given.
+    env_latency_s: float = Field(default=2.0, ge=0, le=MAX_SECONDS)
+    env_latency: LatencyLawSpec | None = None
+    observation_tokens: int = Field(default=128, ge=0, le=MAX_TOKENS)
+
+    @model_validator(mode="after")
+    def _one_law(self) -> Self:
+        given = self.model_fields_set
+        if self.response_lengths is not None and given & {
+            "median_response_tokens",
+            "sigma_between_groups",
+            "sigma_within_group",
+        }:
+            raise ValueError(
+                "give either response_lengths or median_response_tokens and the sigmas, not both"
+            )
+        if self.env_latency is not None and "env_latency_s" in given:
+            raise ValueError("give either env_latency or env_latency_s, not both")
+        return self
 
 
 class Trainer(_Strict):
-    update_seconds: float = Field(default=60.0, ge=0)
-    weights_link_gb_s: float = Field(default=2.5, gt=0)  # trainer to the pool
+    update_seconds: float = Field(default=60.0, ge=0, le=MAX_SECONDS)
+    weights_link_gb_s: float = Field(default=2.5, ge=1e-3, le=1e5)  # trainer to the pool
 
 
 class Scheduling(_Strict):
-    eta: int = Field(default=1, ge=0)
-    delta: int = Field(default=512, ge=0)
-    h_min: int = Field(default=2_048, ge=0)
-    min_decode: int = Field(default=64, ge=1)
-    control_period_s: float = Field(default=1.0, gt=0)
+    eta: int = Field(default=1, ge=0, le=1_000)
+    delta: int = Field(default=512, ge=0, le=MAX_TOKENS)
+    h_min: int = Field(default=2_048, ge=0, le=MAX_TOKENS)
+    min_decode: int = Field(default=64, ge=1, le=MAX_TOKENS)
+    control_period_s: float = Field(default=1.0, ge=1e-3, le=3_600)
+    # Start concentration even when no newer version has fresh work for the emptied
+    # source (an experiment switch of the Cadence policy, off by default).
+    concentrate_without_fresh: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class GroupDeployment:
+    """How one group is served: `workers` of `deployment.tp` devices each. `model_tp` is
+    the degree the model alone would need; above it, the knobs forced a larger one."""
+
+    group: str
+    devices: int
+    workers: int
+    deployment: Deployment
+    model_tp: int
+
+    @property
+    def note(self) -> str:
+        """Why the degree is what it is, when the knobs, not the model, set it."""
+        if self.deployment.tp <= self.model_tp:
+            return ""
+        return (
+            f"tensor-parallel {self.deployment.tp}, not {self.model_tp}: one device holds "
+            "the model but not max_model_len + h_min + delta tokens of KV"
+        )
+
+    def summary(self) -> dict[str, Any]:
+        d = self.deployment
+        return {
+            "accelerator": d.accelerator.name,
+            "devices": self.devices,
+            "tensor_parallel": d.tp,
+            "workers": self.workers,
+            "kv_capacity_tokens": d.kv_capacity_tokens,
+            "note": self.note,
+        }
 
 
 class Scenario(_Strict):
-    name: str = Field(min_length=1)
+    name: str = Field(min_length=1, max_length=253)
     model: str
-    max_model_len: int = Field(ge=1)
-    groups: list[Group] = Field(min_length=1)
+    max_model_len: int = Field(ge=1, le=MAX_TOKENS)
+    groups: list[Group] = Field(min_length=1, max_length=64)
     physics: Physics = Physics()
     workload: Workload = Workload()
     trainer: Trainer = Trainer()
     scheduling: Scheduling = Scheduling()
-    seed: int = 0
+    seed: int = Field(default=0, ge=0, le=2**63)
+    _deployments: tuple[GroupDeployment, ...] = PrivateAttr(default=())
 
     @model_validator(mode="after")
     def _consistent(self) -> Self:
@@ -157,22 +392,59 @@ class Scenario(_Strict):
             raise ValueError("group names must be unique")
         if self.workload.prompt_tokens >= self.max_model_len:
             raise ValueError("prompt_tokens must be below max_model_len")
+        self._deployments = tuple(self._deploy(g) for g in self.groups)
         return self
 
-    def length_model(self) -> LengthModel:
+    def _deploy(self, group: Group) -> GroupDeployment:
+        """A group's workers, or a ValueError that names it: devices too few for one
+        worker, or a model and KV that fit no tensor-parallel degree."""
+        model, acc, phys = MODELS[self.model], group.resolve(), self.physics
+
+        def sized(kv_tokens: int) -> Deployment:
+            return deploy(
+                model,
+                acc,
+                kv_tokens,
+                efficiency=phys.efficiency(),
+                memory_utilisation=phys.memory_utilisation,
+                reserve_bytes=phys.reserve_gb * 1e9,
+            )
+
+        need = self.min_kv_tokens()
+        try:
+            d = sized(need)
+        except ValueError:
+            s = self.scheduling
+            raise ValueError(
+                f"group {group.name}: {model.name} with {need:,} tokens of KV per worker "
+                f"(max_model_len {self.max_model_len:,} + h_min {s.h_min:,} + delta "
+                f"{s.delta:,}) fits on no tensor-parallel degree up to 8 x {acc.name}"
+            ) from None
+        if group.devices < d.tp:
+            raise ValueError(
+                f"group {group.name}: {group.devices} x {acc.name} make no worker: "
+                f"{model.name} with {need:,} tokens of KV needs tensor-parallel {d.tp}"
+            )
+        try:
+            model_tp = sized(min(need, self.max_model_len)).tp
+        except ValueError:
+            model_tp = d.tp
+        return GroupDeployment(group.name, group.devices, group.devices // d.tp, d, model_tp)
+
+    def deployments(self) -> tuple[GroupDeployment, ...]:
+        """Each group's workers, in the order of `groups`."""
+        return self._deployments
+
+    def length_model(self) -> LengthLaw:
         w = self.workload
-        return LengthModel(
-            w.median_response_tokens,
-            w.sigma_between_groups,
-            w.sigma_within_group,
-            self.max_model_len,
-        )
+        if w.response_lengths is not None:
+            return w.response_lengths.build()
+        return LengthModel(w.median_response_tokens, w.sigma_between_groups, w.sigma_within_group)
 
     def multi_turn(self) -> MultiTurn:
         w = self.workload
-        return MultiTurn(
-            w.multi_turn_share, w.max_tool_calls, w.env_latency_s, w.observation_tokens
-        )
+        latency = w.env_latency.build() if w.env_latency else Exponential(w.env_latency_s)
+        return MultiTurn(w.multi_turn_share, w.max_tool_calls, latency, w.observation_tokens)
 
     def groups_of_samples(self, rng: random.Random) -> Iterator[list[Sample]]:
         """Prompt groups without end, in admission order: drawn from `rng` exactly as the
@@ -186,6 +458,7 @@ class Scenario(_Strict):
                 w.samples_per_prompt,
                 prompt_tokens=w.prompt_tokens,
                 lengths=lengths,
+                max_model_len=self.max_model_len,
                 multi_turn=turns,
             )
 
@@ -214,6 +487,7 @@ class Scenario(_Strict):
 
     @staticmethod
     def load(path: Path) -> Scenario:
-        """Read and validate a scenario YAML file (errors: OSError, yaml.YAMLError,
-        pydantic.ValidationError)."""
-        return Scenario.model_validate(yaml.safe_load(path.read_text()))
+        """Read and validate a scenario YAML file (errors: OSError, UnicodeDecodeError,
+        yaml.YAMLError, pydantic.ValidationError); files it names are read relative to it."""
+        raw = yaml.safe_load(path.read_bytes().decode("utf-8"))
+        return Scenario.model_validate(raw, context={"base": path.parent})
