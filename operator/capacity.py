@@ -46,7 +46,13 @@ def longest_trajectory(pool: RolloutPool) -> int:
 
 def knobs_of(run: TrainingRun) -> Knobs:
     s = run.spec.scheduler
-    return Knobs(h_min=s.h_min, delta=s.delta, eta=s.eta, min_decode=s.min_decode)
+    return Knobs(
+        h_min=s.h_min,
+        delta=s.delta,
+        eta=s.eta,
+        min_decode=s.min_decode,
+        concentrate_without_fresh=s.concentrate_without_fresh,
+    )
 
 
 def group_capacities(pool: RolloutPool, run: TrainingRun) -> dict[str, int]:

@@ -200,6 +200,9 @@ class SchedulerSpec(_Spec):
     h_min: int = Field(default=256, ge=0)
     control_period_s: float = Field(default=0.5, gt=0)
     min_decode: int = Field(default=4, ge=1)  # anti-thrash minimum
+    # Start concentration even when no newer version has fresh work for the emptied
+    # source (the Cadence policy's experiment switch, off by default).
+    concentrate_without_fresh: bool = False
 
     @model_validator(mode="after")
     def _known(self) -> Self:

@@ -84,5 +84,6 @@ def scenario_of(pool: RolloutPool, run: TrainingRun, w: SimWorkload = SimWorkloa
             h_min=s.h_min,
             min_decode=s.min_decode,
             control_period_s=s.control_period_s,
+            concentrate_without_fresh=s.concentrate_without_fresh,
         ),
     )
