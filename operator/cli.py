@@ -160,7 +160,7 @@ def _load_scenario(path: Path, settings: Sequence[str] = ()) -> Scenario:
         except compare.UnknownSetting as e:
             raise UsageError(str(e)) from None
         except ValidationError as e:
-            raise UsageError(_validation_sentence("--set", path, e)) from None
+            raise UsageError(_validation_sentence(f"--set {item}: scenario", path, e)) from None
     return scenario
 
 
