@@ -213,14 +213,12 @@ class MixtureLengthsSpec(_Strict):
         )
 
 
-class EmpiricalLengthsSpec(_Strict):
-    """A recorded length histogram: `path` holds one length a line, or JSON lines with
-    the length under `field`."""
+class _Recorded(_Strict):
+    """Numbers a team recorded: `path` holds one a line, or JSON lines with the number
+    under `field`; read once, when the scenario is validated."""
 
-    law: Literal["empirical"]
     path: Path
     field: str | None = None
-    group_correlation: float = Field(default=0.6, ge=0, le=1)
     _values: tuple[float, ...] = PrivateAttr(default=())
 
     @field_validator("path")
@@ -232,6 +230,13 @@ class EmpiricalLengthsSpec(_Strict):
     def _read(self) -> Self:
         self._values = tuple(read_numbers(self.path, self.field))
         return self
+
+
+class EmpiricalLengthsSpec(_Recorded):
+    """A recorded length histogram, replayed with the given within-group correlation."""
+
+    law: Literal["empirical"]
+    group_correlation: float = Field(default=0.6, ge=0, le=1)
 
     def build(self) -> LengthLaw:
         return EmpiricalLengths(self._values, self.group_correlation)
@@ -259,25 +264,15 @@ class LognormalLatency(_Strict):
         return Lognormal(self.median_s, self.sigma)
 
 
-class EmpiricalLatency(_Strict):
-    """Recorded tool-call latencies in seconds, one a line (or under `field` of JSON lines)."""
+class EmpiricalLatency(_Recorded):
+    """Recorded tool-call latencies, in seconds."""
 
     law: Literal["empirical"]
-    path: Path
-    field: str | None = None
-    _values: tuple[float, ...] = PrivateAttr(default=())
-
-    @field_validator("path")
-    @classmethod
-    def _relative_to_scenario(cls, path: Path, info: ValidationInfo) -> Path:
-        return _resolve(path, info)
 
     @model_validator(mode="after")
-    def _read(self) -> Self:
-        values = read_numbers(self.path, self.field)
-        if max(values) > MAX_SECONDS:
+    def _bounded(self) -> Self:
+        if max(self._values) > MAX_SECONDS:
             raise ValueError(f"{self.path} holds a latency above {MAX_SECONDS:.0f} s")
-        self._values = tuple(values)
         return self
 
     def build(self) -> LatencyLaw:
