@@ -216,18 +216,19 @@ def _vary_values(spec: str) -> tuple[str, list[object]]:
     return path, values
 
 
-def _compare(scenario_file: Path, name: str, call: Callable[[], R]) -> tuple[R, float]:
-    """Run a comparison, turning refused settings into usage errors; time it."""
-    start = time.perf_counter()
+def _compare(scenario_file: Path, name: str, call: Callable[[], R]) -> tuple[R, dict[str, float]]:
+    """Run a comparison, turning refused settings into usage errors; time it in wall and
+    CPU seconds (user + system, this process)."""
+    start, cpu = time.perf_counter(), time.process_time()
     try:
         out = call()
     except compare.UnknownSetting as e:
         raise UsageError(str(e)) from None
     except ValidationError as e:
         raise UsageError(_validation_sentence("scenario", scenario_file, e)) from None
-    wall = time.perf_counter() - start
-    print(f"{name}: {wall:.1f} s of wall time")
-    return out, wall
+    wall, cpu = time.perf_counter() - start, time.process_time() - cpu
+    print(f"{name}: {wall:.1f} s of wall time, {cpu:.1f} s of CPU")
+    return out, {"wall_seconds": round(wall, 3), "cpu_seconds": round(cpu, 3)}
 
 
 class _LineProgress:
@@ -290,7 +291,7 @@ def _cmd_sim(args: argparse.Namespace) -> int:
     if args.vary is not None:
         path, values = _vary_values(args.vary)
         with _progress() as progress:
-            by_value, wall = _compare(
+            by_value, timing = _compare(
                 args.scenario,
                 scenario.name,
                 lambda: compare.vary(
@@ -308,10 +309,10 @@ def _cmd_sim(args: argparse.Namespace) -> int:
         if args.json is not None:
             doc = {
                 "scenario": scenario.name,
-                "wall_seconds": round(wall, 3),
+                **timing,
                 "vary": path,
                 "values": {
-                    str(v): document(scenario.name, 0.0, rs)["policies"]
+                    str(v): document(scenario.name, {}, rs)["policies"]
                     for v, rs in by_value.items()
                 },
             }
@@ -323,7 +324,7 @@ def _cmd_sim(args: argparse.Namespace) -> int:
 
     trace = scenario.traced_sample() if args.plots is not None else None
     with _progress() as progress:
-        results, wall = _compare(
+        results, timing = _compare(
             args.scenario,
             scenario.name,
             lambda: compare.run(
@@ -332,7 +333,7 @@ def _cmd_sim(args: argparse.Namespace) -> int:
         )
     out.print(table(results, scenario.name))
     if args.json is not None:
-        doc = document(scenario.name, wall, results, scenario.deployments())
+        doc = document(scenario.name, timing, results, scenario.deployments())
         args.json.write_text(json.dumps(doc, indent=2) + "\n")
     if args.plots is not None:
         for path_written in plots.write_all(results, args.plots):

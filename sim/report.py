@@ -81,17 +81,18 @@ def _json_safe(value: Any) -> Any:
 
 def document(
     scenario: str,
-    wall_seconds: float,
+    timing: dict[str, float],
     results: list[Result],
     deployments: Sequence[GroupDeployment] = (),
 ) -> dict[str, Any]:
+    """The JSON `cadence sim --json` writes; `timing` holds its wall and CPU seconds."""
     policies = {}
     skip = {"policy", "timeline", "trace", "extras"}
     for r in results:
         entry = {f.name: getattr(r, f.name) for f in fields(r) if f.name not in skip}
         entry.update(r.extras)
         policies[r.policy] = entry
-    doc: dict[str, Any] = {"scenario": scenario, "wall_seconds": round(wall_seconds, 3)}
+    doc: dict[str, Any] = {"scenario": scenario, **timing}
     if deployments:
         doc["deployments"] = {g.group: g.summary() for g in deployments}
     doc["policies"] = policies

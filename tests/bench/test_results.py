@@ -17,11 +17,15 @@ TINY = Path(__file__).parents[2] / "sim" / "scenarios" / "tiny-16A16B8H.yaml"
 def test_the_tables_quote_each_run_with_its_bound_and_lag(tmp_path: Path) -> None:
     scenario = compare.with_setting(Scenario.load(TINY), "workload.iterations", 2)
     results = compare.run(scenario, DEFAULT_POLICIES, {})
-    (tmp_path / "tiny.json").write_text(json.dumps(document(scenario.name, 1.0, results)))
+    (tmp_path / "tiny.json").write_text(
+        json.dumps(document(scenario.name, {"wall_seconds": 1.0}, results))
+    )
     native = compare.run(
         compare.with_setting(scenario, "scheduling.eta", 4), ["cadence", "laminar-native"], {}
     )
-    (tmp_path / "tiny-native.json").write_text(json.dumps(document(scenario.name, 1.0, native)))
+    (tmp_path / "tiny-native.json").write_text(
+        json.dumps(document(scenario.name, {"wall_seconds": 1.0}, native))
+    )
 
     text = main(tmp_path)
     cadence = next(r for r in results if r.policy == "cadence")

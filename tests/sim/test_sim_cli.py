@@ -18,7 +18,7 @@ def test_sim_writes_the_json_document(tmp_path: Path, capsys: pytest.CaptureFixt
     assert main(["sim", "--scenario", str(TINY), "--policies", "cadence", "--json", str(out)]) == 0
     doc = json.loads(out.read_text())
     assert doc["scenario"] == "tiny-16A16B8H"
-    assert doc["wall_seconds"] > 0
+    assert doc["wall_seconds"] > 0 and doc["cpu_seconds"] > 0
     entry = doc["policies"]["cadence"]
     for key in (
         "throughput_tok_s",
