@@ -165,8 +165,8 @@ class Physics(_Strict):
     max_batch: int = Field(default=256, ge=1, le=65_536)
     # The paper's testbed: 8 x 200 Gbps RDMA in a cluster (one 200G NIC is 21.7 GB/s
     # measured, CATALOG.md), a 20 Gbps link across clusters.
-    intra_cluster_gb_s: float = Field(default=21.7, ge=1e-3, le=1e5)
-    inter_cluster_gb_s: float = Field(default=2.5, ge=1e-3, le=1e5)
+    intra_cluster_gb_s: float = Field(default=21.7, ge=1e-3, le=1e9)
+    inter_cluster_gb_s: float = Field(default=2.5, ge=1e-3, le=1e9)
     kv_transfer: bool = True  # moves within one accelerator type send KV, else re-prefill
 
     def efficiency(self) -> Efficiency:
@@ -319,7 +319,7 @@ class Workload(_Strict):
 
 class Trainer(_Strict):
     update_seconds: float = Field(default=60.0, ge=0, le=MAX_SECONDS)
-    weights_link_gb_s: float = Field(default=2.5, ge=1e-3, le=1e5)  # trainer to the pool
+    weights_link_gb_s: float = Field(default=2.5, ge=1e-3, le=1e9)  # trainer to the pool
 
 
 class Scheduling(_Strict):
