@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from cadence.operator.capacity import check_capacity, group_capacities
+from cadence.operator.capacity import check_capacity, group_capacities, knobs_of
 from cadence.operator.resources import ResourceError, load
 
 EXAMPLE = Path(__file__).parents[2] / "manifests" / "examples" / "trainingrun.yaml"
@@ -57,3 +57,14 @@ def test_a_group_pinned_too_small_is_refused_naming_it(tmp_path: Path) -> None:
     assert "a910x (" in message and "h800" not in message  # the H800 group sizes itself
     pool, run = load(EXAMPLE)
     check_capacity(pool, run)  # the example fits: no error
+
+
+def test_every_scheduler_knob_of_the_run_reaches_the_policy(tmp_path: Path) -> None:
+    edited = _load(
+        tmp_path, ("    hMin: 256\n", "    hMin: 300\n    concentrateWithoutFresh: true\n")
+    )
+    _, run = load(edited)
+    knobs = knobs_of(run)
+    assert (knobs.h_min, knobs.delta, knobs.eta) == (300, 16, 1)
+    assert knobs.concentrate_without_fresh
+    assert not knobs_of(load(EXAMPLE)[1]).concentrate_without_fresh
