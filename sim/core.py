@@ -527,7 +527,10 @@ class Simulation:
         fresh_batches = sorted({f.group // b for f in self._fresh.values()})
         pending_versions = sorted({p.version for p in self._pending.values()})
         residents = sum(w.engine.assigned()[0] for w in self.workers.values())
-        served = ", ".join(f"{n} on v{v}" for v, n in sorted(versions.items(), key=str))
+        served = ", ".join(
+            f"{n} on v{v}" if v is not None else f"{n} with no weights yet"
+            for v, n in sorted(versions.items(), key=str)
+        )
         return (
             f"{getattr(self.policy, 'name', 'the policy')} stalled: nothing decoded for "
             f"{STALL_S:.0f} simulated seconds at t = {self.now:,.0f} s, with "

@@ -179,3 +179,4 @@ def test_a_stalled_run_ends_early_naming_what_is_stuck() -> None:
     assert message.startswith("idle stalled: nothing decoded for 600 simulated seconds")
     assert "8 fresh sample(s) of batch(es) [0]" in message
     assert "0 of 3 batches consumed" in message
+    assert message.endswith("workers: 10 with no weights yet")
