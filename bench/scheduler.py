@@ -8,6 +8,11 @@ concentrating its tail while the newest takes fresh work). State is carried from
 to cycle as the control loop carries it. `cycle_ms` times `plan()` alone; `build_ms`
 times building the snapshot from the observed residents and pending trajectories (the
 observer's cost, reported apart so neither hides the other).
+
+Absolute times do not travel between machines (the same command gave 9-10 ms on one 2-core
+machine and 21-25 ms on another), so each phase also reports `calibration_ms`, one sort
+of all the residents by context length timed in the same process, and
+`cycle_ms_p99_over_calibration`: a figure that compares across machines.
 """
 
 from __future__ import annotations
@@ -17,6 +22,9 @@ import json
 import random
 import statistics
 import time
+
+# `_operator` is the C module behind the standard `operator` (see scheduler/snapshot.py).
+from _operator import attrgetter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -48,6 +56,9 @@ BATCH = 512
 PHASE_SEEDS = {"pacing": 1, "concentration": 2}  # fixed: every run plans the same pools
 GROWTH = 16  # tokens each resident decodes per control period
 COMPLETE = 1 / 400  # chance a resident finishes in one period
+
+
+_CONTEXT = attrgetter("context")
 
 
 @dataclass
@@ -181,6 +192,7 @@ def run_phase(
             gc_ms.append((collected - idle) * 1_000)
             actions += len(planned)
             residents += sum(len(w.residents) for w in snap.workers)
+    calibration = calibrate(snap)
     return {
         "phase": phase,
         "workers": workers,
@@ -191,8 +203,24 @@ def run_phase(
         "cycle_ms_p50": round(statistics.median(plan_ms), 3),
         "cycle_ms_p99": round(percentile(plan_ms, 0.99), 3),
         "build_ms_p50": round(statistics.median(build_ms), 3),
+        "build_ms_p99": round(percentile(build_ms, 0.99), 3),
         "idle_gc_ms_p50": round(statistics.median(gc_ms), 3),
+        "calibration_ms": round(calibration, 3),
+        "cycle_ms_p99_over_calibration": round(percentile(plan_ms, 0.99) / calibration, 2),
     }
+
+
+def calibrate(snapshot: Snapshot, repeats: int = 21) -> float:
+    """Milliseconds of one sort of every resident of `snapshot`, shuffled, by context
+    length (the median of `repeats`): the unit the bench's ratios are in."""
+    residents = [r for w in snapshot.workers for r in w.residents]
+    random.Random(0).shuffle(residents)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        sorted(residents, key=_CONTEXT)
+        times.append((time.perf_counter() - start) * 1_000)
+    return statistics.median(times)
 
 
 def main(
@@ -213,6 +241,10 @@ def main(
         "cycle_ms_p50": max(float(str(r["cycle_ms_p50"])) for r in results),
         "cycle_ms_p99": worst["cycle_ms_p99"],
         "worst_phase": worst["phase"],
+        "calibration_ms": min(float(str(r["calibration_ms"])) for r in results),
+        "cycle_ms_p99_over_calibration": max(
+            float(str(r["cycle_ms_p99_over_calibration"])) for r in results
+        ),
     }
     print(json.dumps(summary), flush=True)
     return summary

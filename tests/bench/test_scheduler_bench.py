@@ -21,3 +21,11 @@ def test_bench_prints_a_json_summary_on_its_last_line(capsys: pytest.CaptureFixt
     assert set(summary) >= {"workers", "trajectories", "pending", "cycle_ms_p50", "cycle_ms_p99"}
     assert summary["workers"] == 16
     assert summary["cycle_ms_p99"] >= summary["cycle_ms_p50"] > 0
+    # Each phase in units of one sort of its residents, measured in the same process.
+    for p in phases:
+        assert p["calibration_ms"] > 0 and p["build_ms_p99"] >= p["build_ms_p50"]
+        ratio = p["cycle_ms_p99"] / p["calibration_ms"]
+        assert p["cycle_ms_p99_over_calibration"] == pytest.approx(ratio, rel=0.02, abs=0.01)
+    assert summary["cycle_ms_p99_over_calibration"] == max(
+        p["cycle_ms_p99_over_calibration"] for p in phases
+    )
