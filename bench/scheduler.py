@@ -9,10 +9,9 @@ to cycle as the control loop carries it. `cycle_ms` times `plan()` alone; `build
 times building the snapshot from the observed residents and pending trajectories (the
 observer's cost, reported apart so neither hides the other).
 
-Absolute times do not travel between machines (the same command gave 9-10 ms on one 2-core
-machine and 21-25 ms on another), so each phase also reports `calibration_ms`, one sort
-of all the residents by context length timed in the same process, and
-`cycle_ms_p99_over_calibration`: a figure that compares across machines.
+Absolute times do not travel between machines, so each phase also reports
+`calibration_ms`, one sort of all the residents by context length timed in the same
+process, and `cycle_ms_p99_over_calibration`: a figure that compares across machines.
 """
 
 from __future__ import annotations

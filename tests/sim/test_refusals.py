@@ -180,3 +180,11 @@ def test_a_stalled_run_ends_early_naming_what_is_stuck() -> None:
     assert "8 fresh sample(s) of batch(es) [0]" in message
     assert "0 of 3 batches consumed" in message
     assert message.endswith("workers: 10 with no weights yet")
+
+
+def test_yaml_nested_past_the_parser_is_a_sentence(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    deep = tmp_path / "deep.yaml"
+    deep.write_text("name: " + "[" * 5_000 + "\n")
+    assert "nests too deeply to read" in _refused(capsys, deep)

@@ -121,3 +121,16 @@ def test_concentrate_without_fresh_reaches_the_policy_knobs(tmp_path: Path) -> N
     path.write_text(yaml.safe_dump(raw))
     sim = Simulation(Scenario.load(path), CadencePolicy())
     assert sim.snapshot().knobs.concentrate_without_fresh
+
+
+def test_two_latency_laws_at_once_are_refused(tmp_path: Path) -> None:
+    workload = {"env_latency_s": 3.0, "env_latency": {"law": "exponential", "mean_s": 3.0}}
+    with pytest.raises(ValidationError, match="either env_latency or env_latency_s"):
+        Scenario.load(_write(tmp_path, workload))
+
+
+def test_a_recorded_latency_beyond_a_week_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "latency.txt").write_text("2.0\n1e9\n")
+    law = {"law": "empirical", "path": "latency.txt"}
+    with pytest.raises(ValidationError, match="holds a latency above 604800 s"):
+        Scenario.load(_write(tmp_path, {"env_latency": law}))
