@@ -92,7 +92,7 @@ def with_setting(scenario: Scenario, path: str, value: Any) -> Scenario:
     """A copy of the scenario with one field, named by its dotted path, set to `value`;
     validated again, so a bad path or value raises pydantic's ValidationError. A list of
     named items is entered by an item's name (`groups.h800.devices`) or its index."""
-    raw = scenario.model_dump(exclude_none=False)
+    raw = scenario.model_dump()
     node: Any = raw
     *parents, leaf = path.split(".")
     for part in parents:

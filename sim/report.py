@@ -6,7 +6,6 @@ largest version lag it used), so a reader sees whether two rows are like for lik
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import fields
 from typing import Any
@@ -68,17 +67,6 @@ def pool_lines(deployments: Sequence[GroupDeployment]) -> list[str]:
     return out
 
 
-def _json_safe(value: Any) -> Any:
-    """JSON has no Infinity or NaN: such a number is written as null."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _json_safe(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_json_safe(v) for v in value]
-    return value
-
-
 def document(
     scenario: str,
     timing: dict[str, float],
@@ -96,5 +84,4 @@ def document(
     if deployments:
         doc["deployments"] = {g.group: g.summary() for g in deployments}
     doc["policies"] = policies
-    safe: dict[str, Any] = _json_safe(doc)
-    return safe
+    return doc
