@@ -1,10 +1,13 @@
 """Scheduler benchmark: how long one planning cycle takes at pool scale.
 
 Plans repeated cycles on synthetic snapshots and prints one JSON object per phase, then
-a last line with the worst phase's figures (`cadence bench scheduler --help`). Two
+a last line with the worst phase's figures (`cadence bench scheduler --help`). Three
 phases: pacing-heavy (two live versions with fresh work, many workers at or below the
-floor, a large pending set) and concentration-heavy (an exhausted older version
-concentrating its tail while the newest takes fresh work). State is carried from cycle
+floor, a large pending set), concentration-heavy (an exhausted older version
+concentrating its tail while the newest takes fresh work) and tail (one version, no
+fresh work anywhere: work conservation moves the tail up the affinity ranks). Workers
+carry a sequence limit and a step cost by affinity rank, and the floor and reserve are
+auto, so every rule of the default policy is on the clock. State is carried from cycle
 to cycle as the control loop carries it. `cycle_ms` times `plan()` alone; `build_ms`
 times building the snapshot from the observed residents and pending trajectories (the
 observer's cost, reported apart so neither hides the other).
@@ -40,6 +43,7 @@ from cadence.operator.scheduler import (
     Place,
     Resident,
     Snapshot,
+    StepCost,
     WorkerView,
 )
 from cadence.sim.stats import percentile
@@ -48,11 +52,25 @@ from cadence.sim.stats import percentile
 # 80 GB accelerator, less a reserve: about 400K tokens. The paper's max_model_len is 64K.
 CAPACITY = 400_000
 MAX_MODEL_LEN = 65_536
-KNOBS = Knobs(h_min=4_096, delta=512, eta=2, min_decode=64)
+KNOBS = Knobs(h_min=4_096, delta=512, eta=2, min_decode=64, auto_h_min=True, auto_delta=True)
 BATCH = 512
+MAX_SEQS = 256
+# Qwen3-8B's roofline on H100-class devices, slower by affinity rank (rank 2 fastest).
+COSTS = {
+    rank: StepCost(
+        weights_s=6.5e-3 * (3 - rank),
+        kv_token_s=5.9e-8 * (3 - rank),
+        seq_s=2.8e-5 * (3 - rank),
+        overhead_s=5e-5,
+        prefill_token_s=2.8e-5 * (3 - rank),
+    )
+    for rank in range(3)
+}
 
 
-PHASE_SEEDS = {"pacing": 1, "concentration": 2}  # fixed: every run plans the same pools
+# Fixed seeds: every run plans the same pools. Tail: every version's fresh work is
+# exhausted and none newer exists, so work conservation moves the tail up.
+PHASE_SEEDS = {"pacing": 1, "concentration": 2, "tail": 3}
 GROWTH = 16  # tokens each resident decodes per control period
 COMPLETE = 1 / 400  # chance a resident finishes in one period
 
@@ -88,13 +106,17 @@ class Pool:
         return Snapshot(
             now=float(self.serial),
             workers=tuple(
-                WorkerView(wid, "bench", aff, ver, CAPACITY, tuple(rs))
+                WorkerView(
+                    wid, "bench", aff, ver, CAPACITY, tuple(rs), max_seqs=MAX_SEQS, cost=COSTS[aff]
+                )
                 for wid, (aff, ver, rs) in self.workers.items()
             ),
             pending=tuple(self.pending.values()),
             fresh=tuple(self.fresh.values()),
             newest_version=self.newest,
-            admission=Admission(self.admitted, BATCH, 1_000 * BATCH),
+            admission=Admission(
+                self.admitted, BATCH, self.admitted if self.phase == "tail" else 1_000 * BATCH
+            ),
             knobs=KNOBS,
         )
 
@@ -104,13 +126,15 @@ class Pool:
             version = self.newest - (len(self.pending) % 2)
             if self.phase == "concentration":
                 version = self.newest - 1
+            elif self.phase == "tail":
+                version = self.newest
             tid = self._next_id("p")
             ctx = int(min(MAX_MODEL_LEN, 500 + rng.lognormvariate(8.3, 1.0)))
             self.pending[tid] = PendingTrajectory(tid, version, ctx, 0.0, rng.random() > 0.15)
         # Pacing: fresh work both live versions may start (batch v - 1 + eta);
         # concentration: work only the newest may start (batch v + eta).
         batch = self.newest + KNOBS.eta - (1 if self.phase == "pacing" else 0)
-        while len(self.fresh) < self.pending_target // 2:
+        while self.phase != "tail" and len(self.fresh) < self.pending_target // 2:
             fid = self._next_id("f")
             group = batch * BATCH + rng.randint(0, BATCH - 1)
             self.fresh[fid] = FreshSample(fid, group, rng.randint(64, 1_024))
@@ -144,7 +168,7 @@ def _pool(phase: str, workers: int, trajectories: int, pending: int, seed: int) 
     ws: dict[str, tuple[int, int | None, list[Resident]]] = {}
     for i in range(workers):
         wid = f"w{i:05d}"
-        version = newest - (i % 2)
+        version = newest if phase == "tail" else newest - (i % 2)
         fill = rng.uniform(0.85, 1.0)
         weights = [rng.lognormvariate(0.0, 1.0) for _ in range(per_worker)]
         scale = fill * CAPACITY / sum(weights)
@@ -226,7 +250,7 @@ def main(
     workers: int, trajectories: int, pending: int, *, cycles: int, phase: str, warmup: int = 5
 ) -> dict[str, object]:
     """Run the benchmark, print a JSON line per phase and the summary line; return it."""
-    phases = ["pacing", "concentration"] if phase == "both" else [phase]
+    phases = list(PHASE_SEEDS) if phase == "both" else [phase]
     results = [
         run_phase(p, workers, trajectories, pending, cycles=cycles, warmup=warmup) for p in phases
     ]

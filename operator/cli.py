@@ -127,6 +127,8 @@ def _cmd_bench_scheduler(args: argparse.Namespace) -> int:
 def _setting_value(text: str) -> object:
     if text.lower() == "none":
         return None
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
     for kind in (int, float):
         try:
             return kind(text)
@@ -871,7 +873,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--pending", type=_at_least(1), default=8192)
     b.add_argument("--cycles", type=_at_least(1), default=60, help="timed cycles per phase")
     b.add_argument("--warmup", type=_at_least(0), default=5, help="untimed cycles first")
-    b.add_argument("--phase", choices=["pacing", "concentration", "both"], default="both")
+    b.add_argument("--phase", choices=["pacing", "concentration", "tail", "both"], default="both")
     b.set_defaults(run=_cmd_bench_scheduler)
     wl = benches.add_parser(
         "workload",

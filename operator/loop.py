@@ -34,6 +34,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from cadence.operator.scheduler.actions import Action, Admit, Advance, Evict, EvictReason, Place
+from cadence.operator.scheduler.cost import StepCost
 from cadence.operator.scheduler.policy import Policy
 from cadence.operator.scheduler.snapshot import (
     Admission,
@@ -300,6 +301,8 @@ class ControlLoop:
                         Resident(r.id, r.context, r.decoded_since_placement) for r in st.residents
                     ),
                     draining=st.draining,
+                    max_seqs=st.max_seqs,
+                    cost=StepCost(**st.step_cost.model_dump()) if st.step_cost else None,
                 )
             )
             for p in st.parked:

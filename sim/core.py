@@ -28,7 +28,6 @@ from cadence.operator.scheduler import (
     Advance,
     Evict,
     FreshSample,
-    Knobs,
     PendingTrajectory,
     Place,
     Policy,
@@ -37,6 +36,7 @@ from cadence.operator.scheduler import (
     WorkerView,
     check_no_stranding,
 )
+from cadence.operator.scheduler.cost import StepCost
 from cadence.sim.catalog import MODELS
 from cadence.sim.engine import Engine, Request
 from cadence.sim.physics import Deployment, transfer_s
@@ -93,6 +93,10 @@ class Worker:
     price_per_hour: float | None
     engine: Engine
     version: int | None = None
+    cost: StepCost | None = field(default=None, init=False)
+
+    def __post_init__(self) -> None:
+        self.cost = self.deployment.step_cost()
 
     @property
     def accelerator(self) -> str:
@@ -215,13 +219,7 @@ class Simulation:
                 )
         w = scenario.workload
         s = scenario.scheduling
-        self.knobs = Knobs(
-            h_min=s.h_min,
-            delta=s.delta,
-            eta=s.eta,
-            min_decode=s.min_decode,
-            concentrate_without_fresh=s.concentrate_without_fresh,
-        )
+        self.knobs = s.knobs()
         capacities = {wk.group: wk.deployment.kv_capacity_tokens for wk in self.workers.values()}
         check_no_stranding(capacities, scenario.max_model_len, self.knobs)
         self.total_groups = w.iterations * w.prompts_per_batch
@@ -272,6 +270,8 @@ class Simulation:
                     w.version,
                     w.deployment.kv_capacity_tokens,
                     tuple(residents),
+                    max_seqs=w.engine.max_batch,
+                    cost=w.cost,
                 )
             )
         return Snapshot(

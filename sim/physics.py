@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from cadence.operator.scheduler.cost import StepCost
 from cadence.sim.catalog import Accelerator, Figure, Model
 
 # Defaults, each with its source (CATALOG.md):
@@ -51,6 +52,20 @@ class Deployment:
         flops = self.tp * self.accelerator.flops.value * eff.decode_mfu
         compute = 2.0 * self.model.active_params * batch / flops
         return eff.step_overhead_s + max(memory, compute)
+
+    def step_cost(self) -> StepCost:
+        """The scheduler's view of this worker's costs: `decode_step_s` term by term, and
+        the linear part of `prefill_s` per token."""
+        eff = self.efficiency
+        bw = self.tp * self.accelerator.bandwidth.value * eff.bandwidth
+        flops = self.tp * self.accelerator.flops.value
+        return StepCost(
+            weights_s=self.model.weight_bytes / bw,
+            kv_token_s=self.model.kv_bytes_per_token / bw,
+            seq_s=2.0 * self.model.active_params / (flops * eff.decode_mfu),
+            overhead_s=eff.step_overhead_s,
+            prefill_token_s=2.0 * self.model.active_params / (flops * eff.prefill_mfu),
+        )
 
     def prefill_s(self, tokens: int, cached: int = 0) -> float:
         """Prefill `tokens` new tokens after `cached` tokens already in KV (re-prefill of a

@@ -30,6 +30,7 @@ from pydantic import (
     model_validator,
 )
 
+from cadence.operator.scheduler.snapshot import Knobs
 from cadence.sim.catalog import ACCELERATORS, GB, MODELS, TB, Accelerator, Figure
 from cadence.sim.physics import (
     BANDWIDTH_EFFICIENCY,
@@ -322,15 +323,44 @@ class Trainer(_Strict):
     weights_link_gb_s: float = Field(default=2.5, ge=1e-3, le=1e9)  # trainer to the pool
 
 
+# What the pool is sized for when h_min or delta is auto: DESIGN.md's defaults.
+SIZING_H_MIN = 2_048
+SIZING_DELTA = 512
+
+
 class Scheduling(_Strict):
+    """The run's knobs. `h_min` and `delta` are `auto` (derived per worker each cycle
+    from its step cost and the control period) or pinned token counts; the pool is sized
+    with the pinned values, or with `SIZING_H_MIN` and `SIZING_DELTA` under auto."""
+
     eta: int = Field(default=1, ge=0, le=1_000)
-    delta: int = Field(default=512, ge=0, le=MAX_TOKENS)
-    h_min: int = Field(default=2_048, ge=0, le=MAX_TOKENS)
+    delta: Annotated[int, Field(ge=0, le=MAX_TOKENS)] | Literal["auto"] = "auto"
+    h_min: Annotated[int, Field(ge=0, le=MAX_TOKENS)] | Literal["auto"] = "auto"
     min_decode: int = Field(default=64, ge=1, le=MAX_TOKENS)
     control_period_s: float = Field(default=1.0, ge=1e-3, le=3_600)
     # Start concentration even when no newer version has fresh work for the emptied
     # source (an experiment switch of the Cadence policy, off by default).
     concentrate_without_fresh: bool = False
+
+    @property
+    def h_min_tokens(self) -> int:
+        return SIZING_H_MIN if self.h_min == "auto" else self.h_min
+
+    @property
+    def delta_tokens(self) -> int:
+        return SIZING_DELTA if self.delta == "auto" else self.delta
+
+    def knobs(self) -> Knobs:
+        return Knobs(
+            h_min=self.h_min_tokens,
+            delta=self.delta_tokens,
+            eta=self.eta,
+            min_decode=self.min_decode,
+            concentrate_without_fresh=self.concentrate_without_fresh,
+            auto_h_min=self.h_min == "auto",
+            auto_delta=self.delta == "auto",
+            control_period_s=self.control_period_s,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -412,8 +442,8 @@ class Scenario(_Strict):
             s = self.scheduling
             raise ValueError(
                 f"group {group.name}: {model.name} with {need:,} tokens of KV per worker "
-                f"(max_model_len {self.max_model_len:,} + h_min {s.h_min:,} + delta "
-                f"{s.delta:,}) fits on no tensor-parallel degree up to 8 x {acc.name}"
+                f"(max_model_len {self.max_model_len:,} + h_min {s.h_min_tokens:,} + delta "
+                f"{s.delta_tokens:,}) fits on no tensor-parallel degree up to 8 x {acc.name}"
             ) from None
         if group.devices < d.tp:
             raise ValueError(
@@ -477,7 +507,7 @@ class Scenario(_Strict):
 
     def min_kv_tokens(self) -> int:
         s = self.scheduling
-        needed = self.max_model_len + s.h_min + s.delta
+        needed = self.max_model_len + s.h_min_tokens + s.delta_tokens
         return self.physics.min_kv_tokens or needed
 
     @staticmethod

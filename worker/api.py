@@ -91,8 +91,22 @@ class ParkedInfo(_Body):
     claimed_until: float | None = None  # a destination's lease, worker clock seconds
 
 
+class StepCostInfo(_Body):
+    """Seconds per decode step and per prefilled token, as the scheduler's `StepCost`."""
+
+    weights_s: float = Field(ge=0, allow_inf_nan=False)
+    kv_token_s: float = Field(ge=0, allow_inf_nan=False)
+    seq_s: float = Field(ge=0, allow_inf_nan=False)
+    overhead_s: float = Field(default=0.0, ge=0, allow_inf_nan=False)
+    prefill_token_s: float = Field(default=0.0, ge=0, allow_inf_nan=False)
+
+
 class WorkerState(_Body):
-    """GET /v1/state: everything the control loop reads from one worker."""
+    """GET /v1/state: everything the control loop reads from one worker.
+
+    `max_seqs` is the engine's sequence limit and `step_cost` what a step and a prefill
+    cost there, each None where the engine cannot say (vLLM on a CPU has no roofline).
+    """
 
     worker_id: str
     accelerator: str
@@ -108,6 +122,8 @@ class WorkerState(_Body):
     fell_behind: bool = False  # an emulated engine that could not keep its pace
     preemptions: int = 0  # residents the engine preempted for lack of KV (floor too low)
     delivering: list[str] = []  # finished, in the outbox, not yet taken by the trainer
+    max_seqs: int | None = Field(default=None, ge=1)
+    step_cost: StepCostInfo | None = None
 
 
 class PlaceResponse(_Body):

@@ -239,6 +239,8 @@ class WorkerCore:
             fell_behind=self.engine.fell_behind,
             preemptions=self.engine.preemptions,
             delivering=[d.id for d in self.outbox.queue] if self.outbox is not None else [],
+            max_seqs=self.engine.max_seqs,
+            step_cost=self.engine.step_cost,
         )
 
     # --- placement ---------------------------------------------------------------------

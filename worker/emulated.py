@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Literal, Protocol
 
 from cadence.sim.physics import Deployment
-from cadence.worker.api import Sampling
+from cadence.worker.api import Sampling, StepCostInfo
 
 
 class Clock(Protocol):
@@ -196,6 +196,22 @@ class EmulatedEngine:
     @property
     def capacity_tokens(self) -> int:
         return self.deployment.kv_capacity_tokens
+
+    @property
+    def max_seqs(self) -> int:
+        return self.max_batch
+
+    @property
+    def step_cost(self) -> StepCostInfo:
+        """The emulated accelerator's roofline, in this host's (compressed) seconds."""
+        cost, k = self.deployment.step_cost(), self.pacer.compression
+        return StepCostInfo(
+            weights_s=cost.weights_s / k,
+            kv_token_s=cost.kv_token_s / k,
+            seq_s=cost.seq_s / k,
+            overhead_s=cost.overhead_s / k,
+            prefill_token_s=cost.prefill_token_s / k,
+        )
 
     @property
     def fell_behind(self) -> bool:

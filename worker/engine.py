@@ -7,6 +7,7 @@ import asyncio
 from pathlib import Path
 from typing import Literal, Protocol
 
+from cadence.worker.api import StepCostInfo
 from cadence.worker.emulated import EngineRequest
 
 
@@ -26,6 +27,12 @@ class Engine(Protocol):
 
     @property
     def preemptions(self) -> int: ...  # residents the engine preempted for lack of KV
+
+    @property
+    def max_seqs(self) -> int | None: ...  # the engine's sequence limit, if it has one
+
+    @property
+    def step_cost(self) -> StepCostInfo | None: ...  # its decode and prefill costs, if known
 
     def used_tokens(self) -> int: ...
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from cadence.worker.api import StepCostInfo
 from cadence.worker.emulated import EngineRequest, RoomError
 
 
@@ -47,6 +48,8 @@ class VllmEngine:
         self.max_model_len = int(llm.vllm_config.model_config.max_model_len)
         blocks = llm.vllm_config.cache_config.num_gpu_blocks
         self._capacity = int(blocks) * block_size
+        self.max_seqs = int(llm.vllm_config.scheduler_config.max_num_seqs)
+        self.step_cost: StepCostInfo | None = None  # no roofline for this device here
         self.requests: dict[str, EngineRequest] = {}
         self.decoded_tokens = 0
         self.wake = asyncio.Event()

@@ -14,6 +14,7 @@ from cadence.operator.scheduler.actions import (
     Place,
 )
 from cadence.operator.scheduler.cadence import CadencePolicy, plan
+from cadence.operator.scheduler.cost import StepCost
 from cadence.operator.scheduler.errors import ConfigError, StrandingError
 from cadence.operator.scheduler.policy import Policy
 from cadence.operator.scheduler.snapshot import (
@@ -45,6 +46,7 @@ __all__ = [
     "Policy",
     "Resident",
     "Snapshot",
+    "StepCost",
     "StrandingError",
     "WorkerView",
     "check_no_stranding",

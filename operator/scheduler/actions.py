@@ -17,6 +17,7 @@ class EvictReason(StrEnum):
     FLOOR = "floor"  # headroom fell below h_min
     SOURCE = "source"  # the concentration source departing its residents
     MAKE_ROOM = "make_room"  # a concentration target making room for a longer trajectory
+    LIFT = "lift"  # work conservation: a tail trajectory moving up to a faster worker
     INTERRUPT = "interrupt"  # a baseline interrupting in-flight work for new weights (AReaL)
     REPACK = "repack"  # a baseline consolidating a draining replica onto another (Laminar)
 

@@ -12,7 +12,10 @@ clock, no randomness. The order of a cycle is
 5. concentration versions: place pending longest first onto targets, then let the source
    depart as fast as targets absorb;
 6. pacing versions: place pending shortest first by tight fit, then fresh work the same
-   way into what is left.
+   way into what is left, except on the workers held for the pending trajectories that
+   found no room (one each, the roomiest);
+7. pacing versions whose short end is exhausted: move the tail up to faster workers with
+   room (work conservation, `lift`).
 
 Trajectories departed in step 4 are pending from that moment and are offered to steps 5
 and 6 in the same cycle: a departure commits to a direction, not a target.
@@ -24,7 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, get_args
 
-from cadence.operator.scheduler.actions import Action, Admit, Advance, Evict
+from cadence.operator.scheduler.actions import Action, Admit, Advance, Evict, Place
 from cadence.operator.scheduler.admission import ShortEnd, groups_to_admit
 from cadence.operator.scheduler.concentration import (
     Stream,
@@ -33,7 +36,13 @@ from cadence.operator.scheduler.concentration import (
     select_source,
 )
 from cadence.operator.scheduler.errors import ConfigError
-from cadence.operator.scheduler.pacing import Fit, evict_longest_to_floor, place_by_fit
+from cadence.operator.scheduler.lift import lift_tail
+from cadence.operator.scheduler.pacing import (
+    Fit,
+    evict_longest_to_floor,
+    hold_for_waiting,
+    place_by_fit,
+)
 from cadence.operator.scheduler.snapshot import Knobs, PendingTrajectory, Snapshot
 from cadence.operator.scheduler.state import CadenceState
 from cadence.operator.scheduler.versions import advance_target, may_leave
@@ -58,6 +67,7 @@ class CadencePolicy:
 
     fit: Fit = "tight"
     fresh: FreshOrder = "after_pending"
+    lift: bool = True
     name: str = "cadence"
 
     def __post_init__(self) -> None:
@@ -69,6 +79,8 @@ class CadencePolicy:
                 raise ConfigError(
                     f"cadence {field_name} {value!r} is not one of {', '.join(allowed)}"
                 )
+        if not isinstance(self.lift, bool):
+            raise ConfigError(f"cadence lift {self.lift!r} is not true or false")
 
     def initial_state(self) -> CadenceState:
         return CadenceState()
@@ -83,7 +95,7 @@ class CadencePolicy:
         if admit:
             actions.append(Admit(admit))
 
-        workers = [WorkingWorker(view) for view in snapshot.workers]
+        workers = [WorkingWorker(view, knobs) for view in snapshot.workers]
         actions.extend(_advance_empty(snapshot, state, workers))
 
         by_version: dict[int, list[WorkingWorker]] = {}
@@ -92,7 +104,8 @@ class CadencePolicy:
                 assert w.version is not None
                 by_version.setdefault(w.version, []).append(w)
 
-        concentrating = _choose_phases(snapshot, state, by_version)
+        short_end = ShortEnd(snapshot)
+        concentrating = _choose_phases(snapshot, state, by_version, short_end)
         sources = {v: src.id for v, src in concentrating.items() if src is not None}
 
         departed = _restore_floors(by_version, concentrating, knobs, snapshot.now, actions)
@@ -108,14 +121,7 @@ class CadencePolicy:
 
         for version, source in concentrating.items():
             targets = [w for w in by_version[version] if not w.source]
-            concentrate(
-                source,
-                targets,
-                streams(version),
-                h_min=knobs.h_min,
-                min_decode=knobs.min_decode,
-                out=actions,
-            )
+            concentrate(source, targets, streams(version), min_decode=knobs.min_decode, out=actions)
         pacing_workers = {v: ws for v, ws in by_version.items() if v not in concentrating}
         pending = [(v, items) for v in pacing_workers for items, _ in streams(v)]
         passes = (
@@ -123,22 +129,31 @@ class CadencePolicy:
             if self.fresh == "merged"
             else [(pending, {}), ([], snapshot.fresh_by_batch)]
         )
-        for pending_pass, fresh_pass in passes:
+        for k, (pending_pass, fresh_pass) in enumerate(passes):
+            pool = pacing_workers
+            if k == 1:
+                placed = {a.trajectory for a in actions if isinstance(a, Place)}
+                pool = hold_for_waiting(pacing_workers, pending, placed)
             place_by_fit(
-                pacing_workers,
+                pool,
                 pending_pass,
                 fresh_pass,
-                h_min=knobs.h_min,
-                delta=knobs.delta,
                 eta=knobs.eta,
                 out=actions,
                 fit=self.fit,
             )
+        if self.lift:
+            for version, members in pacing_workers.items():
+                if short_end.exhausted(version):
+                    lift_tail(members, knobs.min_decode, actions)
         return actions, CadenceState.of(sources)
 
 
 def _choose_phases(
-    snapshot: Snapshot, state: CadenceState, by_version: dict[int, list[WorkingWorker]]
+    snapshot: Snapshot,
+    state: CadenceState,
+    by_version: dict[int, list[WorkingWorker]],
+    short_end: ShortEnd,
 ) -> dict[int, WorkingWorker | None]:
     """Phase rule: the versions in concentration, each with its source (None if it has no
     second worker to drain onto). Every other version is pacing.
@@ -146,15 +161,18 @@ def _choose_phases(
     A version concentrates once its short end is exhausted and a newer version has fresh
     work for the emptied source to start (or the experiment knob says not to wait for
     that); a version already concentrating keeps going while its short end stays
-    exhausted, so a source is not abandoned half-emptied.
+    exhausted and its source still holds residents, so a source is not abandoned
+    half-emptied. Once the source has emptied, the next one is chosen only if the trigger
+    holds again.
     """
-    short_end = ShortEnd(snapshot)
     newest = snapshot.newest_version
     concentrating: dict[int, WorkingWorker | None] = {}
     for version, members in sorted(by_version.items()):
         if version >= newest or not short_end.exhausted(version):
             continue
         kept = state.sources.get(version)
+        if not any(w.id == kept and w.count > 0 for w in members):
+            kept = None
         if kept is None and not (
             snapshot.knobs.concentrate_without_fresh or short_end.newer_has_fresh(version, newest)
         ):
@@ -177,13 +195,13 @@ def _restore_floors(
     for version, members in by_version.items():
         targets_here = version in concentrating
         for w in members:
-            if w.capacity - w.used >= knobs.h_min:
+            if w.headroom >= w.floor():
                 continue
             first = len(out)
             if targets_here and not w.source:
-                evict_shortest_to_floor(w, knobs.h_min, knobs.min_decode, out)
+                evict_shortest_to_floor(w, knobs.min_decode, out)
             else:
-                evict_longest_to_floor(w, knobs.h_min, knobs.min_decode, out)
+                evict_longest_to_floor(w, knobs.min_decode, out)
             for e in out[first:]:
                 assert isinstance(e, Evict)
                 departed.setdefault(version, []).append(

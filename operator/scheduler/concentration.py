@@ -35,63 +35,116 @@ def select_source(candidates: Sequence[WorkingWorker]) -> WorkingWorker | None:
     return min(with_residents, key=lambda w: (w.affinity, w.used, w.id))
 
 
-def evict_shortest_to_floor(
-    worker: WorkingWorker, h_min: int, min_decode: int, out: list[Action]
-) -> None:
-    """Floor rule (concentration target): while H_w < h_min, depart the shortest resident.
+def evict_shortest_to_floor(worker: WorkingWorker, min_decode: int, out: list[Action]) -> None:
+    """Floor rule (concentration target): while H_w is below its floor, depart the shortest
+    resident, keeping any departure the floor turns out not to need.
 
     A target is where the long tail is being gathered, so it keeps its long residents and
-    sheds short ones, which find room elsewhere more easily.
+    sheds short ones, which find room elsewhere more easily. Shortest first can overshoot:
+    after 10 and 60 the floor may hold with room for the 10 again. Such a departure is not
+    made, so no trajectory leaves a worker only to be placed back on it in the same plan.
     """
-    while worker.headroom < h_min:
-        index = worker.shortest_evictable(min_decode)
-        if index is None:
-            return
+    residents = worker.residents
+    chosen: list[int] = []  # indices into residents, descending: shortest first
+    freed = 0
+    i = len(residents) - 1
+    while i >= 0 and worker.headroom + freed < worker.floor(worker.count - len(chosen)):
+        if residents[i].decoded_since_placement >= min_decode:
+            chosen.append(i)
+            freed += residents[i].context
+        i -= 1
+    for k in range(len(chosen) - 2, -1, -1):  # the last one taken was needed
+        context = residents[chosen[k]].context
+        left = worker.count - len(chosen) + 1
+        if worker.headroom + freed - context >= worker.floor(left):
+            freed -= context
+            del chosen[k]
+    for index in chosen:  # descending indices: each pop leaves the rest in place
         victim = worker.pop(index, min_decode)
         out.append(Evict(victim.id, worker.id, victim.context, EvictReason.FLOOR))
 
 
-class TargetIndex:
-    """The targets of one version: by affinity rank descending, then headroom descending.
+Stream = tuple[Sequence[PendingTrajectory], Sequence[int]]
+"""Placeable pending trajectories ascending by (context, id), and their contexts."""
 
-    Within an affinity class the worker with the most headroom is the first the rule
-    would try, so each class keeps a max-heap by headroom and a trajectory is offered to
-    one worker per class: the class's top.
+_Pick = tuple[int, str, int, int]  # (context, id, stream, position)
+
+
+def _margin(w: WorkingWorker) -> int:
+    """Headroom above the floor it would have with one more resident."""
+    return w.headroom - w.floor(w.count + 1)
+
+
+class TargetIndex:
+    """The targets of one version, for the concentration placement rule.
+
+    A target can take a pending trajectory into its margin, or by departing residents
+    shorter than the trajectory; the rule places the longest trajectory a target can take
+    onto the first such target in order of affinity rank, then margin. Within a rank two
+    targets are candidates at any time: the one with the most margin (no one takes more
+    without displacing anyone) and the one with the most reach, margin plus evictable KV
+    (no one takes more by displacing). Each candidate's own pick, the longest trajectory
+    it can take, sits in one heap in the rule's order; an entry is recomputed when it
+    reaches the top stale (its worker changed, or its pick was taken). Offering every
+    target instead would recompute every target that shared the pick after each
+    placement: at 1,024 workers that took seconds a cycle.
 
     Pending trajectories come longest first and most of them, in a backed-up P_v, fit
-    nowhere. `next_fit` finds the next one a class top can take by bisecting over the
-    pending contexts instead of trying each in turn: with the top's evictable residents
+    nowhere. `_next_fit` finds the longest one a target can take by bisecting over the
+    pending contexts instead of trying each in turn: with the target's evictable residents
     sorted e_0 <= e_1 <= ..., a trajectory of context c in (e_{k-1}, e_k] fits iff
-    c <= H - h_min + (e_0 + ... + e_{k-1}), so each segment is one range query.
+    c <= margin + (e_0 + ... + e_{k-1}), so each segment is one range query.
     """
 
-    __slots__ = ("_classes", "h_min", "min_decode")
+    __slots__ = ("_changes", "_classes", "_his", "_picks", "_reach", "_streams", "min_decode")
 
-    def __init__(self, targets: Sequence[WorkingWorker], h_min: int, min_decode: int) -> None:
-        self.h_min = h_min
+    def __init__(
+        self, targets: Sequence[WorkingWorker], streams: Sequence[Stream], min_decode: int
+    ) -> None:
         self.min_decode = min_decode
-        by_rank: dict[int, list[tuple[int, str, WorkingWorker]]] = {}
+        self._streams = streams
+        self._his = [len(items) for items, _ in streams]
+        self._changes = {w.id: 0 for w in targets}
+        # Each candidate's pick, and the stamp of its worker when it was computed.
+        self._picks: dict[str, tuple[WorkingWorker, _Pick | None, int]] = {}
+        # Per affinity rank, highest first: max-heaps by margin and by reach, stamped.
+        by_rank: dict[int, list[tuple[int, str, int, WorkingWorker]]] = {}
+        reach: dict[int, list[tuple[int, str, int, WorkingWorker]]] = {}
         for w in targets:
-            by_rank.setdefault(w.affinity, []).append((-w.headroom, w.id, w))
-        self._classes = [by_rank[rank] for rank in sorted(by_rank, reverse=True)]
-        for heap in self._classes:
-            heapq.heapify(heap)
+            by_rank.setdefault(w.affinity, []).append((-_margin(w), w.id, 0, w))
+            reach.setdefault(w.affinity, []).append((-self._reach_of(w), w.id, 0, w))
+        self._classes = {rank: by_rank[rank] for rank in sorted(by_rank, reverse=True)}
+        self._reach = reach
+        for rank in self._classes:
+            heapq.heapify(self._classes[rank])
+            heapq.heapify(self._reach[rank])
+            self._refresh(rank)
 
-    def __len__(self) -> int:
-        return len(self._classes)
+    def _reach_of(self, w: WorkingWorker) -> int:
+        return _margin(w) + w.evictable_kv(self.min_decode)
 
-    def fits(self, k: int, context: int) -> bool:
-        """Can class k's top take `context`, evicting only residents shorter than it?"""
-        w = self._classes[k][0][2]
-        return w.headroom + w.freeable_below(context, self.min_decode) - context >= self.h_min
+    def _candidates(self, rank: int) -> list[WorkingWorker]:
+        """The rank's top by margin and top by reach (one worker if they coincide)."""
+        out: list[WorkingWorker] = []
+        for heap in (self._classes[rank], self._reach[rank]):
+            while heap and heap[0][2] != self._changes[heap[0][1]]:
+                heapq.heappop(heap)
+            if heap and heap[0][3] not in out:
+                out.append(heap[0][3])
+        return out
 
-    def next_fit(self, k: int, contexts: Sequence[int], hi: int) -> int:
-        """The largest j < hi such that class k's top can take a trajectory of
-        `contexts[j]` (ascending); -1 if none."""
+    def fits(self, w: WorkingWorker, context: int) -> bool:
+        """Can `w` take `context`, departing only residents shorter than it?"""
+        if not w.has_seat():
+            return False
+        return _margin(w) + w.freeable_below(context, self.min_decode) >= context
+
+    def _next_fit(self, w: WorkingWorker, contexts: Sequence[int], hi: int) -> int:
+        """The largest j < hi such that `w` can take a trajectory of `contexts[j]`
+        (ascending); -1 if none."""
         if hi <= 0:
             return -1
-        w = self._classes[k][0][2]
-        budget = w.capacity - w.used - self.h_min
+        budget = _margin(w)
         cmax = contexts[hi - 1]
         if cmax <= budget:
             return hi - 1  # the longest left fits without displacing anyone
@@ -119,13 +172,82 @@ class TargetIndex:
             freed -= lower
         return -1
 
-    def place_on(self, k: int, trajectory: str, context: int, out: list[Action]) -> int:
-        """Placement rule (concentration): put the trajectory on class k's top, first
-        departing its shortest evictable residents shorter than it if the floor needs it.
+    def _pick(self, w: WorkingWorker) -> _Pick | None:
+        """The longest remaining candidate `w` can take, over all streams."""
+        if not w.has_seat():
+            return None
+        best: _Pick | None = None
+        for n, (items, contexts) in enumerate(self._streams):
+            hi = self._his[n]
+            if not hi or (best is not None and contexts[hi - 1] < best[0]):
+                continue
+            j = self._next_fit(w, contexts, hi)
+            if j >= 0 and (best is None or (contexts[j], items[j].id) > best[:2]):
+                best = (contexts[j], items[j].id, n, j)
+        return best
+
+    def _refresh(self, rank: int) -> None:
+        """Make the rank's candidates current, each with an up-to-date pick."""
+        kept = {w.id: (pick, stamp) for w, pick, stamp, _ in self._picks.get(rank, ())}
+        entries = []
+        for w in self._candidates(rank):
+            pick, stamp = kept.get(w.id, (None, -1))
+            if stamp != self._changes[w.id] or not self._live(pick):
+                pick, stamp = self._pick(w), self._changes[w.id]
+            entries.append((w, pick, stamp, _margin(w)))
+        self._picks[rank] = entries
+
+    def _live(self, pick: _Pick | None) -> bool:
+        return pick is not None and pick[3] < self._his[pick[2]]
+
+    def place_next(self, out: list[Action]) -> int | None:
+        """Place the longest trajectory any target can take; return how many residents
+        it displaced, or None when no target can take any."""
+        best: tuple[tuple[int, str, int, int], WorkingWorker, _Pick] | None = None
+        for rank, entries in self._picks.items():
+            if any(p is not None and not self._live(p) for _, p, _, _ in entries):
+                self._refresh(rank)  # a pick was taken by another rank's placement
+            for w, pick, _, margin in self._picks[rank]:
+                if pick is not None:
+                    key = (pick[0], pick[1], rank, margin)
+                    if best is None or key > best[0]:
+                        best = (key, w, pick)
+        if best is None:
+            return None
+        _, w, (context, trajectory, n, j) = best
+        # Everything this long or longer has been placed or fits nowhere.
+        self._his = [
+            j if m == n else _count_below(st, (context, trajectory), self._his[m])
+            for m, st in enumerate(self._streams)
+        ]
+        displaced = self.place_on(w, trajectory, context, out)
+        self._refresh(w.affinity)
+        return displaced
+
+    def first_fit(self, context: int) -> WorkingWorker | None:
+        """The first target, in order of affinity rank then margin, that can take
+        `context`. A rank's top by margin takes it without displacing anyone or no worker
+        of that rank can; only then are the others tried, and the first that can would
+        displace someone, which stops the source for this cycle: one scan per cycle."""
+        for heap in self._classes.values():
+            while heap and heap[0][2] != self._changes[heap[0][1]]:
+                heapq.heappop(heap)  # a stale entry; its worker was re-entered
+            if not heap:
+                continue
+            if -heap[0][0] >= context and heap[0][3].has_seat():
+                return heap[0][3]
+            for _, _, changes, w in sorted(heap):
+                if changes == self._changes[w.id] and self.fits(w, context):
+                    return w
+        return None
+
+    def place_on(
+        self, worker: WorkingWorker, trajectory: str, context: int, out: list[Action]
+    ) -> int:
+        """Placement rule (concentration): put the trajectory on `worker`, first departing
+        its shortest evictable residents shorter than it if the floor needs it.
         Returns how many residents it displaced."""
-        heap = self._classes[k]
-        worker = heap[0][2]
-        need = context + self.h_min - worker.headroom
+        need = context - _margin(worker)
         victims: list[int] = []
         i = len(worker.residents) - 1
         while need > 0 and i >= 0:
@@ -143,14 +265,12 @@ class TargetIndex:
         worker.add(trajectory, context)
         assert worker.version is not None
         out.append(Place(trajectory, worker.id, worker.version, context))
-        heapq.heapreplace(heap, (-worker.headroom, worker.id, worker))
+        self._changes[worker.id] += 1
+        heapq.heappush(
+            self._classes[worker.affinity],
+            (-_margin(worker), worker.id, self._changes[worker.id], worker),
+        )
         return len(victims)
-
-
-Stream = tuple[Sequence[PendingTrajectory], Sequence[int]]
-"""Placeable pending trajectories ascending by (context, id), and their contexts."""
-
-_Pick = tuple[tuple[int, str], int, int]  # ((context, id), stream, position)
 
 
 def _count_below(stream: Stream, key: tuple[int, str], hi: int) -> int:
@@ -167,7 +287,6 @@ def concentrate(
     targets: Sequence[WorkingWorker],
     streams: Sequence[Stream],
     *,
-    h_min: int,
     min_decode: int,
     out: list[Action],
 ) -> None:
@@ -175,48 +294,16 @@ def concentrate(
 
     Placeable pending trajectories (P_v as observed, and this cycle's floor departures,
     each an ascending `Stream`) go longest first onto the targets: each to the first
-    class top, in affinity order, that can take it. Then, backpressure: the source
-    departs its next longest resident only while P_v holds no placeable trajectory, and
-    each departure is offered to the targets at once; the first one they cannot absorb
-    stays in P_v and stops the source for this cycle.
+    target, in order of affinity rank then margin, that can take it. Then, backpressure:
+    the source departs its next longest resident only while P_v holds no placeable
+    trajectory, and each departure is offered to the targets at once; the first one they
+    cannot absorb stays in P_v and stops the source for this cycle.
     """
-    index = TargetIndex(targets, h_min, min_decode)
-    his = [len(items) for items, _ in streams]
-
-    def best_for(k: int) -> _Pick | None:
-        """The longest remaining candidate class k's top can take, over all streams.
-
-        Streams are searched from the one whose longest remaining candidate is longest; a
-        stream whose longest cannot beat the pick so far is not searched at all.
-        """
-        order = [n for n in range(len(streams)) if his[n]]
-        order.sort(key=lambda n: streams[n][1][his[n] - 1], reverse=True)
-        best: _Pick | None = None
-        for n in order:
-            items, contexts = streams[n]
-            if best is not None and contexts[his[n] - 1] < best[0][0]:
-                break
-            j = index.next_fit(k, contexts, his[n])
-            if j >= 0 and (best is None or (contexts[j], items[j].id) > best[0]):
-                best = ((contexts[j], items[j].id), n, j)
-        return best
-
-    bests = [best_for(k) for k in range(len(index))]
+    index = TargetIndex(targets, streams, min_decode)
     placed = displaced = 0
-    while True:
-        chosen: tuple[int, _Pick] | None = None
-        for c, pick in enumerate(bests):  # ties go to the higher affinity class
-            if pick is not None and (chosen is None or pick[0] > chosen[1][0]):
-                chosen = (c, pick)
-        if chosen is None:
-            break
-        k, (key, n, j) = chosen
-        displaced += index.place_on(k, key[1], key[0], out)
+    while (moved := index.place_next(out)) is not None:
         placed += 1
-        his = [j if m == n else _count_below(st, key, his[m]) for m, st in enumerate(streams)]
-        for c, pick in enumerate(bests):
-            if c == k or (pick is not None and pick[0] >= key):
-                bests[c] = best_for(c)
+        displaced += moved
     # Residents displaced by targets wait in P_v for a later pass: they hold the source.
     blocked = placed < sum(len(items) for items, _ in streams) or displaced > 0
     if source is None:
@@ -227,8 +314,7 @@ def concentrate(
             return
         victim = source.pop(at, min_decode)
         out.append(Evict(victim.id, source.id, victim.context, EvictReason.SOURCE))
-        fitting = (c for c in range(len(index)) if index.fits(c, victim.context))
-        target = next(fitting, None)
+        target = index.first_fit(victim.context)
         if target is None:
             return
         blocked = index.place_on(target, victim.id, victim.context, out) > 0

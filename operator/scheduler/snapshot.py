@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+from cadence.operator.scheduler.cost import StepCost
 from cadence.operator.scheduler.errors import ConfigError
 
 
@@ -42,6 +43,8 @@ class WorkerView:
 
     `version` is None for a worker that holds no weights yet (new or replacement).
     `residents` are stored longest first (ties by id), whatever order they came in.
+    `max_seqs` is the engine's sequence limit (vLLM `max_num_seqs`), None if unknown;
+    `cost` its decode and prefill cost, None if unknown (then KV alone decides).
     """
 
     id: str
@@ -51,6 +54,8 @@ class WorkerView:
     capacity: int
     residents: tuple[Resident, ...] = ()
     draining: bool = False
+    max_seqs: int | None = None
+    cost: StepCost | None = None
     used: int = field(init=False)
     # Residents' contexts and tokens decoded since placement, shortest first: the
     # concentration rule's "residents shorter than the incoming trajectory" reads these.
@@ -61,6 +66,8 @@ class WorkerView:
     def __post_init__(self) -> None:
         if self.capacity <= 0:
             raise ConfigError(f"worker {self.id} has KV capacity {self.capacity}; it must be > 0")
+        if self.max_seqs is not None and self.max_seqs < 1:
+            raise ConfigError(f"worker {self.id} has max_seqs {self.max_seqs}; it must be >= 1")
         # Longest first, ties by id: two stable C-level sorts, cheaper than one keyed in Python.
         by_id = sorted(self.residents, key=_ID)
         ordered = tuple(sorted(by_id, key=_CONTEXT, reverse=True))
@@ -135,6 +142,11 @@ class Knobs:
     trajectory decodes after a placement before it may be evicted again (>= 1, so every
     move buys progress); concentrate_without_fresh: start concentration even when no newer
     version has fresh work for the emptied source (an experiment switch, off by default).
+
+    auto_h_min / auto_delta: derive the floor and the reserve per worker each cycle from
+    its step cost and `control_period_s` (see `thresholds`); `h_min` and `delta` are then
+    what sizes the pool (every worker holds max_model_len + h_min + delta) and what a
+    worker of unknown cost gets.
     """
 
     h_min: int
@@ -142,6 +154,9 @@ class Knobs:
     eta: int
     min_decode: int = 64
     concentrate_without_fresh: bool = False
+    auto_h_min: bool = False
+    auto_delta: bool = False
+    control_period_s: float = 1.0
 
     def __post_init__(self) -> None:
         if self.h_min < 0:
@@ -154,6 +169,10 @@ class Knobs:
             raise ConfigError(
                 f"the anti-thrash minimum is {self.min_decode}; it must be >= 1 "
                 "or a trajectory could be moved forever without progress"
+            )
+        if not 0.0 < self.control_period_s < float("inf"):
+            raise ConfigError(
+                f"the control period is {self.control_period_s} s; it must be finite and > 0"
             )
 
 

@@ -8,27 +8,43 @@ worker's resident list is copied only when the cycle first changes it.
 
 from __future__ import annotations
 
+import math
+
+# `_operator` is the C module behind the standard `operator` (see snapshot.py).
+from _operator import le
 from bisect import bisect_left
 from collections.abc import Sequence
+from itertools import compress, repeat
 
-from cadence.operator.scheduler.snapshot import Resident, WorkerView
+from cadence.operator.scheduler.cost import StepCost
+from cadence.operator.scheduler.snapshot import Knobs, Resident, WorkerView
 
 
 class WorkingWorker:
     """One worker during a cycle: headroom, residents and its role.
 
     `residents` holds the snapshot's residents longest first, then this cycle's
-    placements in the order they were made.
+    placements in the order they were made. Its floor and reserve are the knobs' values;
+    where the knobs say auto and the worker's step cost is known, each is raised to what
+    one control period of growth at its step rate needs (as observed at the start of the
+    cycle): the floor to every resident's growth until the next cycle, so the engine does
+    not run out of KV before the scheduler acts again, and the reserve to one period per
+    resident. The knobs' values stay the least (see `thresholds` in the README).
     """
 
     __slots__ = (
         "_below",
+        "_floor_each",
+        "_h_min",
         "_owned",
         "_popped",
         "accepting",
         "affinity",
         "capacity",
+        "cost",
         "id",
+        "max_seqs",
+        "reserve",
         "residents",
         "source",
         "used",
@@ -36,13 +52,15 @@ class WorkingWorker:
         "view",
     )
 
-    def __init__(self, view: WorkerView) -> None:
+    def __init__(self, view: WorkerView, knobs: Knobs) -> None:
         self.view = view
         self.id = view.id
         self.version = view.version
         self.affinity = view.affinity
         self.capacity = view.capacity
         self.used = view.used
+        self.max_seqs = view.max_seqs
+        self.cost: StepCost | None = view.cost
         self.residents: list[Resident] | tuple[Resident, ...] = view.residents
         self._owned = False
         self._popped: list[int] = []  # contexts of evictable residents popped this cycle
@@ -51,6 +69,27 @@ class WorkingWorker:
         # Accepting: may receive placements this cycle (not draining, not advancing,
         # not a concentration source, holds weights).
         self.accepting = not view.draining and view.version is not None
+        growth = period_growth(view, knobs.control_period_s)
+        self._h_min = knobs.h_min
+        self._floor_each = growth if knobs.auto_h_min and growth is not None else None
+        self.reserve = knobs.delta
+        if knobs.auto_delta and growth is not None:
+            self.reserve = max(knobs.delta, growth)
+
+    def floor(self, count: int | None = None) -> int:
+        """The headroom floor with `count` residents (default: as many as it holds now)."""
+        if self._floor_each is None:
+            return self._h_min
+        return max(self._h_min, self._floor_each * (self.count if count is None else count))
+
+    def has_seat(self) -> bool:
+        """Below the engine's sequence limit: one more trajectory would decode at once."""
+        return self.max_seqs is None or self.count < self.max_seqs
+
+    def compute_bound_with(self, context: int) -> bool:
+        """Would one more trajectory of `context` tip its decode into compute-bound?"""
+        cost = self.cost
+        return cost is not None and cost.compute_bound(self.count + 1, self.used + context)
 
     @property
     def headroom(self) -> int:
@@ -111,6 +150,17 @@ class WorkingWorker:
         self._below = (context, len(self._popped), found)
         return found
 
+    def evictable_kv(self, min_decode: int) -> int:
+        """KV held by the residents past the anti-thrash minimum: what displacing could
+        free at most."""
+        view = self.view
+        if view.least_decoded >= min_decode:
+            total = view.used
+        else:
+            old_enough = map(le, repeat(min_decode), view.decoded_ascending)
+            total = sum(compress(view.contexts_ascending, old_enough))
+        return total - sum(self._popped)
+
     def freeable_below(self, context: int, min_decode: int) -> int:
         """KV freed by evicting every evictable resident shorter than `context`."""
         return sum(self.evictable_below(context, min_decode))
@@ -127,3 +177,12 @@ class WorkingWorker:
         the rest of the cycle, so no rule looks for it by length."""
         self._own().append(Resident(trajectory, context, 0))
         self.used += context
+
+
+def period_growth(view: WorkerView, period_s: float) -> int | None:
+    """Tokens each resident grows in one control period at the worker's current step
+    rate (at least one); None when its step cost is unknown."""
+    if view.cost is None:
+        return None
+    step = view.cost.step_s(len(view.residents), view.used)
+    return max(1, math.ceil(period_s / step)) if step > 0.0 else None

@@ -16,7 +16,7 @@ def test_bench_prints_a_json_summary_on_its_last_line(capsys: pytest.CaptureFixt
     lines = capsys.readouterr().out.strip().splitlines()
     phases = [json.loads(line) for line in lines[:-1]]
     summary = json.loads(lines[-1])
-    assert {p["phase"] for p in phases} == {"pacing", "concentration"}
+    assert {p["phase"] for p in phases} == {"pacing", "concentration", "tail"}
     assert all(p["cycles"] == 4 and p["actions_per_cycle"] > 0 for p in phases)
     assert set(summary) >= {"workers", "trajectories", "pending", "cycle_ms_p50", "cycle_ms_p99"}
     assert summary["workers"] == 16

@@ -36,7 +36,8 @@ def test_scenario_validates_and_deploys(path: Path) -> None:
     scenario = Scenario.load(path)
     sim = Simulation(scenario, CadencePolicy())
     assert sim.workers
-    need = scenario.max_model_len + scenario.scheduling.h_min + scenario.scheduling.delta
+    s = scenario.scheduling
+    need = scenario.max_model_len + s.h_min_tokens + s.delta_tokens
     assert all(w.deployment.kv_capacity_tokens >= need for w in sim.workers.values())
 
 

@@ -15,6 +15,7 @@ from cadence.operator.scheduler import (
     PendingTrajectory,
     Resident,
     Snapshot,
+    StepCost,
     WorkerView,
 )
 
@@ -31,6 +32,8 @@ def make_worker(
     affinity: int = 0,
     accelerator: str = "H800",
     draining: bool = False,
+    max_seqs: int | None = None,
+    cost: StepCost | None = None,
 ) -> WorkerView:
     """A worker; `residents` may be plain context lengths, named `<worker>-r<i>`."""
     rs = [
@@ -45,6 +48,23 @@ def make_worker(
         capacity=capacity,
         residents=tuple(rs),
         draining=draining,
+        max_seqs=max_seqs,
+        cost=cost,
+    )
+
+
+def make_cost(
+    weights_ms: float = 10.0,
+    kv_token_us: float = 0.0,
+    seq_ms: float = 0.0,
+    prefill_token_us: float = 0.0,
+) -> StepCost:
+    """A step cost in readable units: by default 10 ms a step whatever the batch."""
+    return StepCost(
+        weights_s=weights_ms / 1e3,
+        kv_token_s=kv_token_us / 1e6,
+        seq_s=seq_ms / 1e3,
+        prefill_token_s=prefill_token_us / 1e6,
     )
 
 
@@ -61,9 +81,9 @@ def make_fresh(id: str, group: int = 0, prompt: int = 10) -> FreshSample:
 
 
 def make_knobs(
-    h_min: int = 0, delta: int = 0, eta: int = 1, min_decode: int = 1, **kw: bool
+    h_min: int = 0, delta: int = 0, eta: int = 1, min_decode: int = 1, **kw: bool | float
 ) -> Knobs:
-    return Knobs(h_min=h_min, delta=delta, eta=eta, min_decode=min_decode, **kw)
+    return Knobs(h_min=h_min, delta=delta, eta=eta, min_decode=min_decode, **kw)  # type: ignore[arg-type]
 
 
 def make_snapshot(

@@ -21,6 +21,18 @@ from cadence.operator.scheduler import (
     Snapshot,
 )
 from cadence.operator.scheduler.admission import admission_limit
+from cadence.operator.scheduler.snapshot import WorkerView
+
+
+def _floor_after(snap: Snapshot, w: WorkerView, count: int) -> int:
+    """The floor a worker must keep with `count` residents: h_min, raised under auto to
+    one control period of every resident's growth at its step rate at the cycle's start."""
+    knobs = snap.knobs
+    if not knobs.auto_h_min or w.cost is None:
+        return knobs.h_min
+    step = w.cost.step_s(len(w.residents), w.used)
+    growth = max(1, -(-knobs.control_period_s // step)) if step > 0 else 0
+    return max(knobs.h_min, int(growth) * count)
 
 
 def check_plan(
@@ -78,6 +90,7 @@ def check_plan(
 
     # Evictions and placements, applied in order.
     evicted: dict[str, tuple[str, int]] = {}
+    left: set[tuple[str, str]] = set()
     placed: set[str] = set()
     make_room: dict[str, list[int]] = {}
     for a in actions:
@@ -89,6 +102,7 @@ def check_plan(
                 f"{a.trajectory} evicted inside the anti-thrash window"
             )
             evicted[a.trajectory] = (a.worker, r.context)
+            left.add((a.trajectory, a.worker))
             used[a.worker] -= r.context
             count[a.worker] -= 1
             if a.reason is EvictReason.MAKE_ROOM:
@@ -98,6 +112,7 @@ def check_plan(
             assert t not in placed, f"{t} placed twice"
             placed.add(t)
             w = workers[a.worker]
+            assert (t, a.worker) not in left, f"{t} evicted from {w.id} and placed back on it"
             assert not w.draining and a.worker not in advancing, f"{t} placed on leaving {w.id}"
             assert a.worker not in new_sources, f"{t} placed on concentration source {w.id}"
             assert a.version == w.version, "placement version differs from the worker's"
@@ -124,7 +139,10 @@ def check_plan(
             used[a.worker] += a.context
             count[a.worker] += 1
             assert used[a.worker] <= w.capacity, f"{w.id} over capacity"
-            assert w.capacity - used[a.worker] >= knobs.h_min, f"{w.id} placed below the floor"
+            floor = _floor_after(snap, w, count[a.worker])
+            assert w.capacity - used[a.worker] >= floor, f"{w.id} placed below the floor"
+            if w.max_seqs is not None:
+                assert count[a.worker] <= w.max_seqs, f"{w.id} placed past its sequence limit"
         else:
             continue
     assert not make_room, f"displaced residents with nothing taken in: {make_room}"

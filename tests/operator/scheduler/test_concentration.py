@@ -22,7 +22,7 @@ from .factories import (
     make_snapshot,
     make_worker,
 )
-from .helpers import advances, evicted_from, evictions, placed_on
+from .helpers import advances, evicted_from, evictions, placed_on, placements
 
 
 def _tail(
@@ -193,3 +193,43 @@ def test_emptied_source_advances_and_the_next_source_is_chosen() -> None:
     actions, state = plan(snap, CadenceState.of({0: "emptied"}))
     assert [(a.worker, a.version) for a in advances(actions)] == [("emptied", 1)]
     assert state.sources == {0: "second"}
+
+
+def test_an_emptied_source_is_replaced_only_while_the_trigger_holds() -> None:
+    # Issue 15 (a): the source "old" emptied and moved on to version 1; version 1 has no
+    # fresh work, so version 0 may not start a new concentration.
+    a = make_worker("a", affinity=0, residents=[300])
+    b = make_worker("b", affinity=2, residents=[200])
+    old = make_worker("old", version=1)
+    snap = make_snapshot([a, b, old], newest=1, knobs=make_knobs(eta=1))
+    for state in (CadenceState.of({0: "old"}), CadenceState()):
+        actions, new_state = plan(snap, state)
+        assert new_state.sources == {}
+        assert evictions(actions) == []
+
+
+def test_a_target_other_than_its_ranks_roomiest_takes_what_only_it_can() -> None:
+    # Issue 15 (b): "roomy" has the most headroom of rank 5 but cannot take 400, even by
+    # displacing (its resident is longer); "displacer" can, by departing a 300.
+    weak = make_worker("weak", affinity=0, residents=[10])
+    roomy = make_worker("roomy", affinity=5, capacity=1000, residents=[650])  # H = 350
+    displacer = make_worker("displacer", affinity=5, capacity=1000, residents=[400, 300])
+    snap = _tail([weak, roomy, displacer], [make_pending("p400", 400)])
+    actions, _ = plan(snap)
+    assert placed_on(actions)["p400"] == "displacer"
+    assert evicted_from(actions)[0] == ("displacer-r1", "displacer")  # the 300
+
+
+def test_a_target_does_not_take_back_what_its_floor_departed() -> None:
+    # Issue 15 (c): shortest first would depart 10 and 60; 60 alone restores the floor,
+    # so the 10 stays, and nothing is evicted and placed back on the same worker.
+    weak = make_worker("weak", affinity=0, residents=[5])
+    target = make_worker("target", affinity=5, capacity=1000, residents=[880, 60, 10])  # H = 50
+    snap = _tail([weak, target], knobs=make_knobs(eta=1, h_min=100))
+    actions, _ = plan(snap)
+    floor = [(e.trajectory, e.context) for e in evictions(actions) if e.reason is EvictReason.FLOOR]
+    assert floor == [("target-r1", 60)]
+    back = {(e.trajectory, e.worker) for e in evictions(actions)} & {
+        (p.trajectory, p.worker) for p in placements(actions)
+    }
+    assert back == set()

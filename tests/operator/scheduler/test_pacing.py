@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from cadence.operator.scheduler import CadencePolicy, CadenceState, EvictReason, plan
+from collections import Counter
+
+from cadence.operator.scheduler import CadencePolicy, CadenceState, EvictReason, FreshSample, plan
 
 from .factories import (
+    make_cost,
     make_fresh,
     make_knobs,
     make_pending,
@@ -168,3 +171,64 @@ def test_draining_worker_receives_nothing() -> None:
     actions, _ = plan(snap)
     assert placed_on(actions) == {}
     assert evictions(actions) == []
+
+
+def _fresh_batch(n: int) -> list[FreshSample]:
+    return [make_fresh(f"f{i:02d}", prompt=100) for i in range(n)]
+
+
+def test_placement_respects_the_engines_sequence_limit() -> None:
+    tight = make_worker("tight", capacity=5_000, max_seqs=3)
+    roomy = make_worker("roomy", capacity=50_000, max_seqs=3)
+    snap = make_snapshot([tight, roomy], fresh=_fresh_batch(8), admitted=1, total_groups=1)
+    placed = placed_on(plan(snap)[0])
+    assert sorted(placed.values()).count("tight") == 3  # the tightest fills to its limit
+    assert sorted(placed.values()).count("roomy") == 3
+    assert len(placed) == 6  # the other two wait rather than queue inside an engine
+
+
+def test_tight_fit_stops_where_decode_turns_compute_bound_then_spreads() -> None:
+    # 10 ms of weights a step, 1 ms of compute a sequence: compute-bound beyond 10.
+    weak = make_cost(weights_ms=10.0, seq_ms=1.0)
+    workers = [make_worker(f"w{i}", capacity=100_000 + i, cost=weak) for i in range(3)]
+    snap = make_snapshot(workers, fresh=_fresh_batch(45), admitted=1, total_groups=1)
+    per = Counter(placed_on(plan(snap)[0]).values())
+    assert sum(per.values()) == 45
+    assert max(per.values()) - min(per.values()) <= 1  # all past the knee: even
+
+
+def test_where_kv_binds_first_tight_fit_is_unchanged() -> None:
+    # The same pool with a step cost whose knee is far beyond what KV holds.
+    strong = make_cost(weights_ms=10.0, seq_ms=0.001)
+    workers = [make_worker(f"w{i}", capacity=2_000 + i, cost=strong) for i in range(3)]
+    snap = make_snapshot(workers, fresh=_fresh_batch(25), admitted=1, total_groups=1)
+    per = Counter(placed_on(plan(snap)[0]).values())
+    assert per == {"w0": 20, "w1": 5}  # the tightest fills first, the roomiest stays free
+
+
+def test_a_departed_trajectory_with_no_room_holds_the_roomiest_worker_from_new_work() -> None:
+    # "long" fits nowhere now; fresh work could take both workers' gaps, but the roomier
+    # one is held for it, so its gap only grows as its residents finish.
+    busy = make_worker("busy", capacity=1_000, residents=[600])
+    roomy = make_worker("roomy", capacity=1_000, residents=[300])
+    snap = make_snapshot(
+        [busy, roomy],
+        pending=[make_pending("long", 800)],
+        fresh=_fresh_batch(3),
+        admitted=1,
+        total_groups=1,
+    )
+    placed = placed_on(plan(snap)[0])
+    assert "long" not in placed
+    assert set(placed.values()) == {"busy"}
+    # Once it is placed, nothing is held.
+    roomy_later = make_worker("roomy", capacity=1_000, residents=[100])
+    snap = make_snapshot(
+        [busy, roomy_later],
+        pending=[make_pending("long", 800)],
+        fresh=_fresh_batch(3),
+        admitted=1,
+        total_groups=1,
+    )
+    placed = placed_on(plan(snap)[0])
+    assert placed["long"] == "roomy"

@@ -16,6 +16,7 @@ from cadence.operator.scheduler import (
     Place,
     Resident,
     Snapshot,
+    StepCost,
     WorkerView,
 )
 
@@ -36,6 +37,8 @@ def snapshots(draw: st.DrawFn) -> tuple[Snapshot, CadenceState]:
         eta=eta,
         min_decode=draw(st.integers(1, 100)),
         concentrate_without_fresh=draw(st.booleans()),
+        auto_h_min=draw(st.booleans()),
+        auto_delta=draw(st.booleans()),
     )
     workers = []
     for i in range(draw(st.integers(1, 7))):
@@ -58,6 +61,19 @@ def snapshots(draw: st.DrawFn) -> tuple[Snapshot, CadenceState]:
                 capacity=capacity,
                 residents=tuple(residents) if version is not None else (),
                 draining=draw(st.sampled_from([False, False, False, True])),
+                max_seqs=draw(st.one_of(st.none(), st.integers(1, 8))),
+                cost=draw(
+                    st.one_of(
+                        st.none(),
+                        st.builds(
+                            StepCost,
+                            weights_s=st.floats(1e-3, 0.1),
+                            kv_token_s=st.floats(0.0, 1e-5),
+                            seq_s=st.floats(0.0, 0.02),
+                            prefill_token_s=st.floats(0.0, 1e-3),
+                        ),
+                    )
+                ),
             )
         )
     pending = [

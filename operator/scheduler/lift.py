@@ -1,0 +1,104 @@
+"""Work conservation: a version's tail moves to faster workers that would otherwise idle.
+
+Concentration, as the paper has it, starts only when a newer version has fresh work for
+the emptied source. Until the trainer publishes it, which waits on the very tail that is
+decoding, nothing moves: once a version's fresh work is exhausted, its high-affinity
+workers finish their short work and idle while the long tail decodes on the slow ones.
+The same happens within one affinity rank on compute-weak devices: the tail gathers
+on a few workers whose decode is compute-bound, each resident's step slowed by all the
+others, while their peers sit empty. This rule keeps them busy: the longest residents
+move to workers of higher affinity, or of the same affinity stepping faster, with room,
+each move only if the decode time it saves at the target's step rate exceeds the prefill
+it costs there. A move never goes down in affinity, the target takes it under the pacing
+placement threshold (so its floor does not send it back), and the anti-thrash window
+holds it there.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+
+from cadence.operator.scheduler.actions import Action, Evict, EvictReason, Place
+from cadence.operator.scheduler.working import WorkingWorker
+
+
+def _slack(w: WorkingWorker) -> int:
+    """The longest trajectory the pacing placement threshold lets `w` take now."""
+    if not w.has_seat():
+        return -1
+    n = w.count + 1
+    return w.headroom - w.floor(n) - w.reserve * n
+
+
+def worth_moving(context: int, source: WorkingWorker, target: WorkingWorker) -> bool:
+    """Does moving a trajectory of `context` from `source` to `target` pay for itself?
+
+    What is left to decode is unknown; the context so far stands for it (a trajectory
+    that has run long tends to run on). The move saves that many steps' difference in
+    step time and costs a prefill of the whole context on the target, during which every
+    one of the target's residents waits.
+    """
+    src, tgt = source.cost, target.cost
+    if src is None or tgt is None:
+        return False
+    saved = context * (
+        src.step_s(source.count, source.used) - tgt.step_s(target.count + 1, target.used + context)
+    )
+    return saved > tgt.prefill_s(context) * (target.count + 1)
+
+
+def lift_tail(workers: Sequence[WorkingWorker], min_decode: int, out: list[Action]) -> int:
+    """One version's work-conservation pass; returns the number of moves.
+
+    Candidates go longest first, each to the first worker of its own affinity or higher,
+    highest rank first and then most slack, that can take it under the placement threshold
+    and for which the move pays.
+    """
+    targets = [w for w in workers if w.accepting and w.cost is not None and _slack(w) > 0]
+    if not targets:
+        return 0
+    most = max(_slack(w) for w in targets)
+    candidates = sorted(
+        (
+            (r.context, r.id, w)
+            for w in workers
+            if w.accepting and w.cost is not None
+            for r in w.residents
+            if r.decoded_since_placement >= min_decode and r.context <= most
+        ),
+        key=lambda c: (-c[0], c[1]),
+    )
+    if not candidates:
+        return 0
+    changes = {w.id: 0 for w in targets}
+    by_rank: dict[int, list[tuple[int, str, int, WorkingWorker]]] = {}
+    for w in targets:
+        by_rank.setdefault(w.affinity, []).append((-_slack(w), w.id, 0, w))
+    ranks = sorted(by_rank, reverse=True)
+    for heap in by_rank.values():
+        heapq.heapify(heap)
+    moves = 0
+    for context, rid, source in candidates:
+        for rank in ranks:
+            if rank < source.affinity:
+                break
+            heap = by_rank[rank]
+            while heap and heap[0][2] != changes[heap[0][1]]:
+                heapq.heappop(heap)
+            if not heap or -heap[0][0] < context:
+                continue
+            target = heap[0][3]
+            if target is source or not worth_moving(context, source, target):
+                continue
+            at = next(i for i, r in enumerate(source.residents) if r.id == rid)
+            source.pop(at, min_decode)
+            out.append(Evict(rid, source.id, context, EvictReason.LIFT))
+            target.add(rid, context)
+            assert target.version is not None
+            out.append(Place(rid, target.id, target.version, context))
+            changes[target.id] += 1
+            heapq.heappush(heap, (-_slack(target), target.id, changes[target.id], target))
+            moves += 1
+            break
+    return moves
