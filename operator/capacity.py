@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from cadence.operator.resources import SIZING_DELTA, SIZING_H_MIN
 from cadence.operator.scheduler.errors import StrandingError
 from cadence.operator.scheduler.snapshot import Knobs
 from cadence.operator.scheduler.validation import check_no_stranding, required_capacity
@@ -47,11 +48,14 @@ def longest_trajectory(pool: RolloutPool) -> int:
 def knobs_of(run: TrainingRun) -> Knobs:
     s = run.spec.scheduler
     return Knobs(
-        h_min=s.h_min,
-        delta=s.delta,
+        h_min=SIZING_H_MIN if s.h_min == "auto" else s.h_min,
+        delta=SIZING_DELTA if s.delta == "auto" else s.delta,
         eta=s.eta,
         min_decode=s.min_decode,
         concentrate_without_fresh=s.concentrate_without_fresh,
+        auto_h_min=s.h_min == "auto",
+        auto_delta=s.delta == "auto",
+        control_period_s=s.control_period_s,
     )
 
 

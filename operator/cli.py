@@ -290,6 +290,8 @@ def _cmd_sim(args: argparse.Namespace) -> int:
     out = Console(width=None if sys.stdout.isatty() else 120)
     for line in pool_lines(scenario.deployments()):
         print(line)
+    for warning in scenario.floor_warnings():
+        print(f"warning: {warning}", file=sys.stderr)
     if args.vary is not None:
         path, values = _vary_values(args.vary)
         with _progress() as progress:

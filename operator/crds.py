@@ -143,6 +143,12 @@ def _convert(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
         return _convert(merged, defs)
     if "anyOf" in node:
         options = [o for o in node["anyOf"] if o.get("type") != "null"]
+        if sorted(o.get("type", "") for o in options) == ["integer", "string"]:
+            # A number or a keyword (`auto`): int-or-string, its values checked by the
+            # field's own CEL rule, as structural schemas allow no typed union.
+            either = _convert({k: v for k, v in node.items() if k != "anyOf"}, defs)
+            either["x-kubernetes-int-or-string"] = True
+            return either
         if len(options) != 1:
             raise ValueError(f"a union of {len(options)} types has no structural schema")
         rest = {k: v for k, v in node.items() if k != "anyOf"}

@@ -411,6 +411,7 @@ class _RunReporter:
     patched: float = 0.0
     seen: Counter[str] = field(default_factory=Counter)  # loop totals at the last report
     reported_lost: frozenset[str] = frozenset()
+    reported_floor: set[str] = field(default_factory=set)  # workers warned of a thin hMin
     written: dict[str, Status] = field(default_factory=dict)  # each group's last status
 
     def __post_init__(self) -> None:
@@ -469,6 +470,7 @@ class _RunReporter:
                     "tokensPerDollar": round(stats.tokens_delivered / dollars, 1)
                     if dollars > 0
                     else 0.0,
+                    "warnings": sorted(set(self.loop.floor_warnings.values())),
                 }
             },
         )
@@ -523,6 +525,10 @@ class _RunReporter:
         if failed:
             message = f"{failed} worker actions failed (the operator's log says which)"
             kopf.warn(body, reason="ActionsFailed", message=message)
+        for wid, said in self.loop.floor_warnings.items():
+            if wid not in self.reported_floor:
+                kopf.warn(body, reason="FloorBelowGrowth", message=said)
+                self.reported_floor.add(wid)
         lost = self.loop.lost - self.reported_lost
         if lost:
             message = f"silent, their samples re-queued: {', '.join(sorted(lost))}"

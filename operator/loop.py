@@ -34,7 +34,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from cadence.operator.scheduler.actions import Action, Admit, Advance, Evict, EvictReason, Place
-from cadence.operator.scheduler.cost import StepCost
+from cadence.operator.scheduler.cost import StepCost, floor_warning
 from cadence.operator.scheduler.policy import Policy
 from cadence.operator.scheduler.snapshot import (
     Admission,
@@ -117,6 +117,8 @@ class ControlLoop:
     _versions: dict[int, VersionInfo] = field(default_factory=dict)
     # The last cycle's snapshot and plan (the operator reports per-group demand from it).
     last_plan: tuple[Snapshot, tuple[Action, ...]] | None = None
+    # Workers on which a pinned h_min is below one period's growth, with the sentence.
+    floor_warnings: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.state is None:
@@ -321,6 +323,7 @@ class ControlLoop:
             if sid not in parked_ids:
                 del self._pending_since[sid]
         fresh = [FreshSample(f.id, f.group, len(view.prompts[f.group])) for f in view.fresh]
+        self._check_floor(workers)
         return Snapshot(
             now=now,
             workers=tuple(workers),
@@ -330,6 +333,26 @@ class ControlLoop:
             admission=Admission(view.cursor, view.batch_groups, view.total_groups),
             knobs=self.config.knobs,
         )
+
+    def _check_floor(self, workers: Sequence[WorkerView]) -> None:
+        knobs = self.config.knobs
+        if knobs.auto_h_min:
+            return
+        for w in workers:
+            if w.cost is None or w.max_seqs is None or w.id in self.floor_warnings:
+                continue
+            period = knobs.control_period_s
+            said = floor_warning(
+                f"worker {w.id}",
+                knobs.h_min,
+                w.cost,
+                w.max_seqs,
+                capacity=w.capacity,
+                period_s=period,
+            )
+            if said is not None:
+                self.floor_warnings[w.id] = said
+                log.warning("%s", said)
 
     # --- actions -----------------------------------------------------------------------
 

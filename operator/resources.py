@@ -23,6 +23,7 @@ from pydantic.config import JsonDict
 
 from cadence.operator.scheduler.registry import POLICIES
 from cadence.sim.catalog import ACCELERATORS, MODELS
+from cadence.sim.scenario import AutoOrTokens
 
 GROUP = "cadence.dev"
 VERSION = "v1alpha1"
@@ -193,11 +194,29 @@ class TrainerSpec(_Spec):
     epochs: int = Field(default=1, ge=1)
 
 
+AUTO_OR_TOKENS: JsonDict = {
+    "x-kubernetes-validations": [
+        {
+            "rule": "type(self) == string ? self == 'auto' : self >= 0",
+            "message": "must be auto or a number of tokens >= 0",
+        }
+    ]
+}
+# What sizes the pool (every worker holds the longest trajectory plus these) and what a
+# worker whose step cost is unknown gets, when hMin or delta is auto.
+SIZING_H_MIN = 256
+SIZING_DELTA = 16
+
+
 class SchedulerSpec(_Spec):
+    """`hMin` and `delta` are `auto` or pinned tokens. Auto: each worker's floor and
+    reserve are derived every cycle from its step cost and the control period, never
+    below 256 and 16 tokens, which also size the pool's workers."""
+
     policy: str = Field(default="cadence", json_schema_extra={"enum": list(POLICIES)})
     eta: int = Field(default=1, ge=0)
-    delta: int = Field(default=16, ge=0)
-    h_min: int = Field(default=256, ge=0)
+    delta: AutoOrTokens = Field(default="auto", json_schema_extra=AUTO_OR_TOKENS)
+    h_min: AutoOrTokens = Field(default="auto", json_schema_extra=AUTO_OR_TOKENS)
     control_period_s: float = Field(default=0.5, gt=0)
     min_decode: int = Field(default=4, ge=1)  # anti-thrash minimum
     # Start concentration even when no newer version has fresh work for the emptied
@@ -287,6 +306,9 @@ class TrainingRunStatus(_Spec):
     latency_p50_s: float = 0.0
     latency_p95_s: float = 0.0
     tokens_per_dollar: float = 0.0
+    # Knobs that hold but hurt, one sentence each (a pinned hMin below one control
+    # period's growth on some worker).
+    warnings: list[str] = []
     conditions: list[Condition] = []
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cadence.operator.capacity import sim_group
+from cadence.operator.capacity import knobs_of, sim_group
 from cadence.operator.resources import RolloutPool, TrainingRun
 from cadence.sim.catalog import ACCELERATORS, MODELS
 from cadence.sim.physics import (
@@ -47,11 +47,13 @@ def scenario_of(pool: RolloutPool, run: TrainingRun, w: SimWorkload = SimWorkloa
     spec, batch, s = run.spec, run.spec.batch, run.spec.scheduler
     model = MODELS[spec.model.catalog]
     max_len = w.prompt_tokens + batch.max_tokens
+    knobs = knobs_of(run)
+    need = max_len + knobs.h_min + knobs.delta  # as the operator sizes its workers
     groups = []
     for g in pool.spec.groups:
         tp = g.engine.tensor_parallel
         if tp is None and g.custom is None:
-            tp = deploy(model, ACCELERATORS[g.accelerator], max_len + s.h_min + s.delta).tp
+            tp = deploy(model, ACCELERATORS[g.accelerator], need).tp
         groups.append(sim_group(g, devices=max(1, g.replicas * (tp or 1))))
     c = w.compression
     if not 0 < c <= 1:
@@ -67,6 +69,7 @@ def scenario_of(pool: RolloutPool, run: TrainingRun, w: SimWorkload = SimWorkloa
             decode_mfu=DECODE_MFU.value * c,
             step_overhead_s=STEP_OVERHEAD_S.value / c,
             kv_transfer=False,  # workers here re-prefill a moved trajectory
+            min_kv_tokens=need,
         ),
         workload=Workload(
             prompts_per_batch=batch.prompts_per_batch,

@@ -24,12 +24,15 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PlainValidator,
     PrivateAttr,
     ValidationInfo,
+    WithJsonSchema,
     field_validator,
     model_validator,
 )
 
+from cadence.operator.scheduler.cost import floor_warning
 from cadence.operator.scheduler.snapshot import Knobs
 from cadence.sim.catalog import ACCELERATORS, GB, MODELS, TB, Accelerator, Figure
 from cadence.sim.physics import (
@@ -61,6 +64,26 @@ from cadence.sim.workload import (
 MAX_DEVICES = 4_096
 MAX_TOKENS = 1 << 21
 MAX_SECONDS = 86_400.0 * 7
+
+
+def _auto_or_tokens(value: object) -> int | Literal["auto"]:
+    if value == "auto":
+        return "auto"
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_TOKENS:
+        raise ValueError(
+            f"must be auto or a number of tokens from 0 to {MAX_TOKENS:,}, not {value!r}"
+        )
+    return value
+
+
+# `h_min` and `delta`: auto, or pinned tokens (one sentence when neither).
+AutoOrTokens = Annotated[
+    int | Literal["auto"],
+    PlainValidator(_auto_or_tokens),
+    WithJsonSchema(
+        {"anyOf": [{"type": "integer", "minimum": 0}, {"type": "string", "enum": ["auto"]}]}
+    ),
+]
 
 
 class _Strict(BaseModel):
@@ -334,8 +357,8 @@ class Scheduling(_Strict):
     with the pinned values, or with `SIZING_H_MIN` and `SIZING_DELTA` under auto."""
 
     eta: int = Field(default=1, ge=0, le=1_000)
-    delta: Annotated[int, Field(ge=0, le=MAX_TOKENS)] | Literal["auto"] = "auto"
-    h_min: Annotated[int, Field(ge=0, le=MAX_TOKENS)] | Literal["auto"] = "auto"
+    delta: AutoOrTokens = "auto"
+    h_min: AutoOrTokens = "auto"
     min_decode: int = Field(default=64, ge=1, le=MAX_TOKENS)
     control_period_s: float = Field(default=1.0, ge=1e-3, le=3_600)
     # Start concentration even when no newer version has fresh work for the emptied
@@ -504,6 +527,28 @@ class Scenario(_Strict):
         if best is None:  # every sample of the batch calls tools
             return f"g{batch * w.prompts_per_batch}s0"
         return best.id
+
+    def floor_warnings(self) -> list[str]:
+        """A sentence per group on which a pinned `h_min` is below one control period's
+        growth at the engine's batch limit (none under auto)."""
+        s = self.scheduling
+        if s.h_min == "auto":
+            return []
+        out = []
+        for g in self.deployments():
+            d = g.deployment
+            cap, period = d.kv_capacity_tokens, s.control_period_s
+            said = floor_warning(
+                f"group {g.group}",
+                s.h_min,
+                d.step_cost(),
+                self.physics.max_batch,
+                capacity=cap,
+                period_s=period,
+            )
+            if said is not None:
+                out.append(said)
+        return out
 
     def min_kv_tokens(self) -> int:
         s = self.scheduling

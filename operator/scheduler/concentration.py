@@ -105,8 +105,9 @@ class TargetIndex:
         self._streams = streams
         self._his = [len(items) for items, _ in streams]
         self._changes = {w.id: 0 for w in targets}
-        # Each candidate's pick, and the stamp of its worker when it was computed.
-        self._picks: dict[str, tuple[WorkingWorker, _Pick | None, int]] = {}
+        # Per rank, each candidate with its pick, its worker's stamp when the pick was
+        # computed, and its margin then.
+        self._picks: dict[int, list[tuple[WorkingWorker, _Pick | None, int, int]]] = {}
         # Per affinity rank, highest first: max-heaps by margin and by reach, stamped.
         by_rank: dict[int, list[tuple[int, str, int, WorkingWorker]]] = {}
         reach: dict[int, list[tuple[int, str, int, WorkingWorker]]] = {}
@@ -188,7 +189,7 @@ class TargetIndex:
 
     def _refresh(self, rank: int) -> None:
         """Make the rank's candidates current, each with an up-to-date pick."""
-        kept = {w.id: (pick, stamp) for w, pick, stamp, _ in self._picks.get(rank, ())}
+        kept = {w.id: (pick, stamp) for w, pick, stamp, _ in self._picks.get(rank, [])}
         entries = []
         for w in self._candidates(rank):
             pick, stamp = kept.get(w.id, (None, -1))

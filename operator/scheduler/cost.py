@@ -14,6 +14,7 @@ a worker without one is placed by KV alone and gets the fixed floor and reserve.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from cadence.operator.scheduler.errors import ConfigError
@@ -53,3 +54,34 @@ class StepCost:
 
     def prefill_s(self, tokens: int) -> float:
         return self.prefill_token_s * tokens
+
+
+def floor_shortfall(
+    h_min: int, cost: StepCost, max_seqs: int, capacity: int, *, period_s: float
+) -> int | None:
+    """The growth of one control period a pinned floor does not cover, or None.
+
+    At the engine's sequence limit and a full KV cache (the slowest step, so the least
+    growth), every resident grows one token a step; if that adds up to more than `h_min`
+    in one period, the engine runs out of KV between two cycles and preempts. Auto floors
+    never fall short: they are sized to exactly this growth.
+    """
+    step = cost.step_s(max_seqs, capacity)
+    if step <= 0.0:
+        return None
+    growth = max_seqs * max(1, math.ceil(period_s / step))
+    return growth if growth > h_min else None
+
+
+def floor_warning(
+    where: str, h_min: int, cost: StepCost, max_seqs: int, *, capacity: int, period_s: float
+) -> str | None:
+    """One sentence for a pinned floor below one period's growth on `where`, or None."""
+    growth = floor_shortfall(h_min, cost, max_seqs, capacity, period_s=period_s)
+    if growth is None:
+        return None
+    return (
+        f"h_min {h_min:,} is below one control period's growth on {where} "
+        f"({max_seqs} residents grow {growth:,} tokens in {period_s:g} s): the engine may "
+        "preempt between cycles; leave h_min auto"
+    )

@@ -61,10 +61,14 @@ def test_a_group_pinned_too_small_is_refused_naming_it(tmp_path: Path) -> None:
 
 def test_every_scheduler_knob_of_the_run_reaches_the_policy(tmp_path: Path) -> None:
     edited = _load(
-        tmp_path, ("    hMin: 256\n", "    hMin: 300\n    concentrateWithoutFresh: true\n")
+        tmp_path, ("    hMin: auto\n", "    hMin: 300\n    concentrateWithoutFresh: true\n")
     )
     _, run = load(edited)
     knobs = knobs_of(run)
     assert (knobs.h_min, knobs.delta, knobs.eta) == (300, 16, 1)
+    assert (knobs.auto_h_min, knobs.auto_delta) == (False, True)
+    assert knobs.control_period_s == run.spec.scheduler.control_period_s
     assert knobs.concentrate_without_fresh
-    assert not knobs_of(load(EXAMPLE)[1]).concentrate_without_fresh
+    example = knobs_of(load(EXAMPLE)[1])
+    assert not example.concentrate_without_fresh
+    assert example.auto_h_min and example.auto_delta  # the example leaves both auto

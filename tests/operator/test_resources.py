@@ -35,8 +35,8 @@ def test_the_example_validates() -> None:
         ),
         (("name: a910x", "name: h800"), "group names must be unique"),
         (
-            ("hMin: 256", "hMin: -1"),
-            "TrainingRun spec.scheduler.hMin: Input should be greater than or equal to 0",
+            ("hMin: auto", "hMin: -1"),
+            "TrainingRun spec.scheduler.hMin: must be auto or a number of tokens",
         ),
         (("policy: cadence", "policy: fifo"), "unknown policy 'fifo'"),
         (("pool: mixed", "pool: other"), "it names pool 'other'"),

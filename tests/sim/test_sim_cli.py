@@ -103,3 +103,17 @@ def test_bench_workload_reports_the_shape(capsys: pytest.CaptureFixture[str]) ->
     assert shape["samples"] == 64 * 8
     assert shape["p99_over_median"] > 1
     assert 0 < shape["slowest_tenth_time_share"] < 1
+
+
+def test_a_pinned_floor_below_one_periods_growth_runs_with_a_warning(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # Qwen3-8B on an H800 at its 256-sequence limit grows thousands of tokens a second.
+    argv = ["sim", "--scenario", str(TINY), "--policies", "cadence"]
+    assert main([*argv, "--set", "scheduling.h_min=1024"]) == 0
+    err = capsys.readouterr().err
+    assert "warning: h_min 1,024 is below one control period's growth on group h800" in err
+    assert main(argv) == 0  # auto: sized to that growth, nothing to warn of
+    assert "warning" not in capsys.readouterr().err
+    assert main([*argv, "--set", "scheduling.h_min=-1"]) == 2
+    assert "must be auto or a number of tokens" in capsys.readouterr().err

@@ -28,6 +28,7 @@ from cadence.operator.scheduler import (
     Place,
     Resident,
     Snapshot,
+    StepCost,
     WorkerView,
 )
 
@@ -42,6 +43,7 @@ class ToyWorker:
     speed: int = 1
     version: int | None = None
     residents: set[str] = field(default_factory=set)
+    cost: StepCost | None = None  # what the scheduler is told of its steps
 
 
 @dataclass
@@ -148,7 +150,15 @@ class ToyWorld:
         return Snapshot(
             now=float(self.step_no),
             workers=tuple(
-                WorkerView(w.id, "toy", w.affinity, w.version, w.capacity, tuple(by_worker[w.id]))
+                WorkerView(
+                    w.id,
+                    "toy",
+                    w.affinity,
+                    w.version,
+                    w.capacity,
+                    tuple(by_worker[w.id]),
+                    cost=w.cost,
+                )
                 for w in self.workers.values()
             ),
             pending=tuple(pending),
