@@ -121,7 +121,15 @@ class CadencePolicy:
 
         for version, source in concentrating.items():
             targets = [w for w in by_version[version] if not w.source]
-            concentrate(source, targets, streams(version), min_decode=knobs.min_decode, out=actions)
+            left = {p.id: p.parked_on for p in departed.get(version, ()) if p.parked_on}
+            concentrate(
+                source,
+                targets,
+                streams(version),
+                min_decode=knobs.min_decode,
+                out=actions,
+                left=left,
+            )
         pacing_workers = {v: ws for v, ws in by_version.items() if v not in concentrating}
         pending = [(v, items) for v in pacing_workers for items, _ in streams(v)]
         passes = (
@@ -205,7 +213,7 @@ def _restore_floors(
             for e in out[first:]:
                 assert isinstance(e, Evict)
                 departed.setdefault(version, []).append(
-                    PendingTrajectory(e.trajectory, version, e.context, now)
+                    PendingTrajectory(e.trajectory, version, e.context, now, parked_on=w.id)
                 )
     return departed
 

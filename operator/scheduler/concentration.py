@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import heapq
 from bisect import bisect_left, bisect_right
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from cadence.operator.scheduler.actions import Action, Evict, EvictReason, Place
 from cadence.operator.scheduler.snapshot import PendingTrajectory
@@ -96,12 +96,28 @@ class TargetIndex:
     c <= margin + (e_0 + ... + e_{k-1}), so each segment is one range query.
     """
 
-    __slots__ = ("_changes", "_classes", "_his", "_picks", "_reach", "_streams", "min_decode")
+    __slots__ = (
+        "_changes",
+        "_classes",
+        "_his",
+        "_left",
+        "_picks",
+        "_reach",
+        "_streams",
+        "min_decode",
+    )
 
     def __init__(
-        self, targets: Sequence[WorkingWorker], streams: Sequence[Stream], min_decode: int
+        self,
+        targets: Sequence[WorkingWorker],
+        streams: Sequence[Stream],
+        min_decode: int,
+        left: Mapping[str, str] | None = None,
     ) -> None:
         self.min_decode = min_decode
+        # Trajectories that left a worker this cycle, by the worker: never placed back
+        # on it in the same plan (a target making room can open the gap they left).
+        self._left = left or {}
         self._streams = streams
         self._his = [len(items) for items, _ in streams]
         self._changes = {w.id: 0 for w in targets}
@@ -183,6 +199,8 @@ class TargetIndex:
             if not hi or (best is not None and contexts[hi - 1] < best[0]):
                 continue
             j = self._next_fit(w, contexts, hi)
+            while j >= 0 and self._left.get(items[j].id) == w.id:
+                j = self._next_fit(w, contexts, j)
             if j >= 0 and (best is None or (contexts[j], items[j].id) > best[:2]):
                 best = (contexts[j], items[j].id, n, j)
         return best
@@ -290,8 +308,10 @@ def concentrate(
     *,
     min_decode: int,
     out: list[Action],
+    left: Mapping[str, str] | None = None,
 ) -> None:
-    """One cycle of concentration for one version.
+    """One cycle of concentration for one version (`left`: this cycle's departures, each
+    to the worker it left, which will not take it back).
 
     Placeable pending trajectories (P_v as observed, and this cycle's floor departures,
     each an ascending `Stream`) go longest first onto the targets: each to the first
@@ -300,7 +320,7 @@ def concentrate(
     trajectory, and each departure is offered to the targets at once; the first one they
     cannot absorb stays in P_v and stops the source for this cycle.
     """
-    index = TargetIndex(targets, streams, min_decode)
+    index = TargetIndex(targets, streams, min_decode, left)
     placed = displaced = 0
     while (moved := index.place_next(out)) is not None:
         placed += 1

@@ -52,6 +52,12 @@ class StepCost:
         """Whether a step of this batch is paced by compute rather than memory."""
         return self.seq_s * sequences > self.weights_s + self.kv_token_s * kv_tokens
 
+    def saturated(self, sequences: int, kv_tokens: int) -> bool:
+        """Whether a step of this batch takes over twice an empty step: its KV reads or
+        its compute have outgrown reading the weights, so each resident added costs every
+        other one more time than it adds throughput."""
+        return self.step_s(sequences, kv_tokens) > 2.0 * self.step_s(0, 0)
+
     def prefill_s(self, tokens: int) -> float:
         return self.prefill_token_s * tokens
 

@@ -53,24 +53,25 @@ def lift_tail(workers: Sequence[WorkingWorker], min_decode: int, out: list[Actio
 
     Candidates go longest first, each to the first worker of its own affinity or higher,
     highest rank first and then most slack, that can take it under the placement threshold
-    and for which the move pays.
+    and for which the move pays. Only workers stepping slower than the fastest target
+    are taken from, one trajectory each a cycle (their longest that fits somewhere): the
+    tail moves up a worker's worth a period at most, and the cycle costs O(W log W)
+    however many residents the pool holds.
     """
     targets = [w for w in workers if w.accepting and w.cost is not None and _slack(w) > 0]
     if not targets:
         return 0
     most = max(_slack(w) for w in targets)
+    fastest = min(t.cost.step_s(t.count + 1, t.used) for t in targets if t.cost is not None)
+    sources = [
+        w
+        for w in workers
+        if w.accepting and w.cost is not None and w.cost.step_s(w.count, w.used) > fastest
+    ]
+    firsts = ((next(w.longest_first_within(most, min_decode), None), w) for w in sources)
     candidates = sorted(
-        (
-            (r.context, r.id, w)
-            for w in workers
-            if w.accepting and w.cost is not None
-            for r in w.residents
-            if r.decoded_since_placement >= min_decode and r.context <= most
-        ),
-        key=lambda c: (-c[0], c[1]),
+        ((r.context, r.id, w) for r, w in firsts if r is not None), key=lambda c: (-c[0], c[1])
     )
-    if not candidates:
-        return 0
     changes = {w.id: 0 for w in targets}
     by_rank: dict[int, list[tuple[int, str, int, WorkingWorker]]] = {}
     for w in targets:

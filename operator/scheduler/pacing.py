@@ -97,7 +97,7 @@ class _FitIndex:
             worker = open_[0][2]
             if not placement_feasible(worker, context):
                 heapq.heappop(open_)
-            elif worker.compute_bound_with(context):
+            elif worker.saturated_with(context):
                 heapq.heappop(open_)
                 heapq.heappush(bound, self._entry(1, worker))
             else:

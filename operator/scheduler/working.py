@@ -12,8 +12,8 @@ import math
 
 # `_operator` is the C module behind the standard `operator` (see snapshot.py).
 from _operator import le
-from bisect import bisect_left
-from collections.abc import Sequence
+from bisect import bisect_left, bisect_right
+from collections.abc import Iterator, Sequence
 from itertools import compress, repeat
 
 from cadence.operator.scheduler.cost import StepCost
@@ -86,10 +86,10 @@ class WorkingWorker:
         """Below the engine's sequence limit: one more trajectory would decode at once."""
         return self.max_seqs is None or self.count < self.max_seqs
 
-    def compute_bound_with(self, context: int) -> bool:
-        """Would one more trajectory of `context` tip its decode into compute-bound?"""
+    def saturated_with(self, context: int) -> bool:
+        """Would one more trajectory of `context` take its step past twice an empty one?"""
         cost = self.cost
-        return cost is not None and cost.compute_bound(self.count + 1, self.used + context)
+        return cost is not None and cost.saturated(self.count + 1, self.used + context)
 
     @property
     def headroom(self) -> int:
@@ -149,6 +149,17 @@ class WorkingWorker:
         # Callers ask for ever shorter bounds as they walk P_v down: keep the widest.
         self._below = (context, len(self._popped), found)
         return found
+
+    def longest_first_within(self, most: int, min_decode: int) -> Iterator[Resident]:
+        """Its evictable residents of at most `most` tokens, longest first, as of now
+        (a snapshot of the list: the caller may move some as it goes)."""
+        residents = tuple(self.residents)
+        start = 0
+        if not self._owned:  # still the snapshot's order: skip the longer ones at once
+            start = len(residents) - bisect_right(self.view.contexts_ascending, most)
+        for r in residents[start:]:
+            if r.context <= most and r.decoded_since_placement >= min_decode:
+                yield r
 
     def evictable_kv(self, min_decode: int) -> int:
         """KV held by the residents past the anti-thrash minimum: what displacing could

@@ -33,8 +33,14 @@ BUSY = 4
 
 def _kv_bound(speed: int) -> StepCost:
     """A toy step (one token a resident per world step at speed 1): weights dominate, so
-    its decode stays memory-bound far past what 3,000 tokens of KV can hold."""
-    return StepCost(weights_s=1.0 / speed, kv_token_s=1e-6 / speed, seq_s=1e-4 / speed)
+    its decode stays memory-bound far past what 3,000 tokens of KV can hold; a prefill
+    does a thousand tokens in a step's time, as compute-bound prefills do."""
+    return StepCost(
+        weights_s=1.0 / speed,
+        kv_token_s=1e-6 / speed,
+        seq_s=1e-4 / speed,
+        prefill_token_s=1e-3 / speed,
+    )
 
 
 def _run(

@@ -187,14 +187,27 @@ def test_placement_respects_the_engines_sequence_limit() -> None:
     assert len(placed) == 6  # the other two wait rather than queue inside an engine
 
 
-def test_tight_fit_stops_where_decode_turns_compute_bound_then_spreads() -> None:
-    # 10 ms of weights a step, 1 ms of compute a sequence: compute-bound beyond 10.
+def test_tight_fit_fills_each_worker_until_its_step_doubles_then_spreads() -> None:
+    # 10 ms of weights a step, 1 ms of compute a sequence: past 20 residents a step
+    # takes over twice an empty one's 10 ms.
     weak = make_cost(weights_ms=10.0, seq_ms=1.0)
     workers = [make_worker(f"w{i}", capacity=100_000 + i, cost=weak) for i in range(3)]
-    snap = make_snapshot(workers, fresh=_fresh_batch(45), admitted=1, total_groups=1)
+    snap = make_snapshot(workers, fresh=_fresh_batch(50), admitted=1, total_groups=1)
+    assert Counter(placed_on(plan(snap)[0]).values()) == {"w0": 20, "w1": 20, "w2": 10}
+    snap = make_snapshot(workers, fresh=_fresh_batch(75), admitted=1, total_groups=1)
     per = Counter(placed_on(plan(snap)[0]).values())
-    assert sum(per.values()) == 45
-    assert max(per.values()) - min(per.values()) <= 1  # all past the knee: even
+    assert per == {"w0": 25, "w1": 25, "w2": 25}  # all past doubling: fewest first, even
+
+
+def test_kv_reads_that_outgrow_the_weights_spread_work_too() -> None:
+    # Memory-bound throughout: 10 ms of weights, 1 us a token of KV; 1,000-token
+    # trajectories double the step at 10 residents. Tight fit fills w0 to 10, then w1;
+    # the last four go one by one to whichever holds fewer.
+    bandwidth_bound = make_cost(weights_ms=10.0, kv_token_us=1.0)
+    workers = [make_worker(f"w{i}", capacity=1_000_000 + i, cost=bandwidth_bound) for i in range(2)]
+    fresh = [make_fresh(f"f{i:02d}", prompt=1_000) for i in range(24)]
+    snap = make_snapshot(workers, fresh=fresh, admitted=1, total_groups=1)
+    assert Counter(placed_on(plan(snap)[0]).values()) == {"w0": 12, "w1": 12}
 
 
 def test_where_kv_binds_first_tight_fit_is_unchanged() -> None:
