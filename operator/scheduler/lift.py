@@ -17,10 +17,22 @@ holds it there.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Sequence
+import itertools
+from collections.abc import Iterator, Sequence
 
 from cadence.operator.scheduler.actions import Action, Evict, EvictReason, Place
 from cadence.operator.scheduler.working import WorkingWorker
+
+LOOKS = 8
+
+
+def _run(w: WorkingWorker, most: int, min_decode: int) -> Iterator[tuple[int, str, WorkingWorker]]:
+    for r in w.longest_first_within(most, min_decode):
+        yield (-r.context, r.id, w)
+
+
+def _order(c: tuple[int, str, WorkingWorker]) -> tuple[int, str]:
+    return (c[0], c[1])
 
 
 def _slack(w: WorkingWorker) -> int:
@@ -53,25 +65,38 @@ def lift_tail(workers: Sequence[WorkingWorker], min_decode: int, out: list[Actio
 
     Candidates go longest first, each to the first worker of its own affinity or higher,
     highest rank first and then most slack, that can take it under the placement threshold
-    and for which the move pays. Only workers stepping slower than the fastest target
-    are taken from, one trajectory each a cycle (their longest that fits somewhere): the
-    tail moves up a worker's worth a period at most, and the cycle costs O(W log W)
-    however many residents the pool holds.
+    and for which the move pays. Only workers stepping slower than the fastest target are
+    taken from, only what some target of their rank or higher has room for, and at most
+    `LOOKS` candidates a target are looked at in a cycle, so a pool whose tail cannot move
+    costs little to plan.
     """
     targets = [w for w in workers if w.accepting and w.cost is not None and _slack(w) > 0]
     if not targets:
         return 0
-    most = max(_slack(w) for w in targets)
+    # The longest trajectory any target of this rank or a higher one could take.
+    best_slack: dict[int, int] = {}
+    for t in targets:
+        best_slack[t.affinity] = max(best_slack.get(t.affinity, 0), _slack(t))
+    reach: dict[int, int] = {}
+    for rank in sorted(best_slack, reverse=True):
+        reach[rank] = max(best_slack[rank], max(reach.values(), default=0))
+
+    def reach_of(affinity: int) -> int:
+        return max((r for rank, r in reach.items() if rank >= affinity), default=0)
+
     fastest = min(t.cost.step_s(t.count + 1, t.used) for t in targets if t.cost is not None)
     sources = [
         w
         for w in workers
-        if w.accepting and w.cost is not None and w.cost.step_s(w.count, w.used) > fastest
+        if w.accepting
+        and w.cost is not None
+        and reach_of(w.affinity) > 0
+        and w.cost.step_s(w.count, w.used) > fastest
     ]
-    firsts = ((next(w.longest_first_within(most, min_decode), None), w) for w in sources)
-    candidates = sorted(
-        ((r.context, r.id, w) for r, w in firsts if r is not None), key=lambda c: (-c[0], c[1])
-    )
+    # Residents are kept longest first: merge the sources' lazily, longest first overall.
+    runs = [_run(w, reach_of(w.affinity), min_decode) for w in sources]
+    merged = heapq.merge(*runs, key=_order)
+    candidates = ((-neg, rid, w) for neg, rid, w in itertools.islice(merged, LOOKS * len(targets)))
     changes = {w.id: 0 for w in targets}
     by_rank: dict[int, list[tuple[int, str, int, WorkingWorker]]] = {}
     for w in targets:

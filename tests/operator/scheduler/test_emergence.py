@@ -5,10 +5,10 @@ faster worker comes to carry the longer mix. Both are measured on the toy pool o
 fixed seeds, in the busy regime (every worker holding at least four residents, where
 composition is a choice rather than an accident of a nearly empty pool).
 
-Measured with these seeds when the test was written (equal workers, KV 3,000 tokens):
-mean per-step coefficient of variation of mean resident context across workers,
-tight fit 0.117 vs worst fit 0.053 (2.2x); with one worker twice as fast, its mean
-context over the others' 1.17x under Cadence. The assertions leave margin below those.
+Measured with these seeds (equal workers, KV 3,000 tokens): mean per-step coefficient of
+variation of mean resident context across workers, tight fit 0.117 vs worst fit 0.051
+(2.3x); with one worker twice as fast, its mean context over the others' 1.20x under
+Cadence; the same on the costed pool. The assertions leave margin below those.
 
 Each runs twice: as the paper's pool (no step cost known, fixed knobs) and as a KV-bound
 pool that tells the scheduler its step costs, with auto knobs: decode never turns

@@ -17,7 +17,7 @@ def test_the_tail_moves_up_to_an_idle_faster_worker_without_a_newer_version() ->
     fast = make_worker("fast", affinity=1, capacity=10_000, cost=FAST)
     actions, state = plan(make_snapshot([slow, fast]))
     assert state.sources == {}  # no newer version: the paper's concentration does not start
-    assert placed_on(actions) == {"slow-r0": "fast"}  # its longest; one a source a cycle
+    assert placed_on(actions) == {"slow-r0": "fast", "slow-r1": "fast"}  # longest first
     assert {e.reason for e in evictions(actions)} == {EvictReason.LIFT}
 
 
@@ -43,7 +43,9 @@ def test_a_compute_bound_worker_sheds_its_tail_to_an_empty_peer() -> None:
     busy = make_worker("busy", capacity=100_000, residents=[4000] * 20, cost=weak)  # 20 ms steps
     idle = make_worker("idle", capacity=100_000, cost=weak)
     actions, _ = plan(make_snapshot([busy, idle]))
-    assert list(placed_on(actions).values()) == ["idle"]
+    moved = list(placed_on(actions).values())
+    assert moved and set(moved) == {"idle"}
+    assert len(moved) <= 10  # not so many that the empty peer ends up the slower one
     # Once the peer would step as slowly as the busy one does, nothing pays.
     even = make_worker("even", capacity=100_000, residents=[4000] * 10, cost=weak)
     peer = make_worker("peer", capacity=100_000, residents=[4000] * 10, cost=weak)
