@@ -153,7 +153,7 @@ class CadencePolicy:
         if self.lift:
             for version, members in pacing_workers.items():
                 if short_end.exhausted(version):
-                    lift_tail(members, knobs.min_decode, actions)
+                    lift_tail(members, knobs.min_decode, knobs.control_period_s, actions)
         return actions, CadenceState.of(sources)
 
 

@@ -26,12 +26,14 @@ from cadence.operator.scheduler.working import WorkingWorker
 LOOKS = 8
 
 
-def _run(w: WorkingWorker, most: int, min_decode: int) -> Iterator[tuple[int, str, WorkingWorker]]:
+def _run(
+    w: WorkingWorker, most: int, min_decode: int
+) -> Iterator[tuple[int, str, int, WorkingWorker]]:
     for r in w.longest_first_within(most, min_decode):
-        yield (-r.context, r.id, w)
+        yield (-r.context, r.id, r.decoded_since_placement, w)
 
 
-def _order(c: tuple[int, str, WorkingWorker]) -> tuple[int, str]:
+def _order(c: tuple[int, str, int, WorkingWorker]) -> tuple[int, str]:
     return (c[0], c[1])
 
 
@@ -43,24 +45,31 @@ def _slack(w: WorkingWorker) -> int:
     return w.headroom - w.floor(n) - w.reserve * n
 
 
-def worth_moving(context: int, source: WorkingWorker, target: WorkingWorker) -> bool:
-    """Does moving a trajectory of `context` from `source` to `target` pay for itself?
+def worth_moving(
+    context: int, decoded: int, source: WorkingWorker, target: WorkingWorker, period_s: float
+) -> bool:
+    """Does moving a trajectory of `context` tokens, `decoded` of them generated where it
+    is, from `source` to `target` pay for itself?
 
-    What is left to decode is unknown; the context so far stands for it (a trajectory
-    that has run long tends to run on). The move saves that many steps' difference in
+    What is left to decode is unknown; what it has decoded here stands for it (a
+    trajectory that has run long tends to run on, and one that has barely started, or a
+    short answer, is not worth a move). The move saves that many steps' difference in
     step time and costs a prefill of the whole context on the target, during which every
-    one of the target's residents waits.
+    one of the target's residents waits, and up to a control period off both engines
+    while the hand-off runs.
     """
     src, tgt = source.cost, target.cost
     if src is None or tgt is None:
         return False
-    saved = context * (
+    saved = decoded * (
         src.step_s(source.count, source.used) - tgt.step_s(target.count + 1, target.used + context)
     )
-    return saved > tgt.prefill_s(context) * (target.count + 1)
+    return saved > tgt.prefill_s(context) * (target.count + 1) + period_s
 
 
-def lift_tail(workers: Sequence[WorkingWorker], min_decode: int, out: list[Action]) -> int:
+def lift_tail(
+    workers: Sequence[WorkingWorker], min_decode: int, period_s: float, out: list[Action]
+) -> int:
     """One version's work-conservation pass; returns the number of moves.
 
     Candidates go longest first, each to the first worker of its own affinity or higher,
@@ -96,7 +105,8 @@ def lift_tail(workers: Sequence[WorkingWorker], min_decode: int, out: list[Actio
     # Residents are kept longest first: merge the sources' lazily, longest first overall.
     runs = [_run(w, reach_of(w.affinity), min_decode) for w in sources]
     merged = heapq.merge(*runs, key=_order)
-    candidates = ((-neg, rid, w) for neg, rid, w in itertools.islice(merged, LOOKS * len(targets)))
+    looked = itertools.islice(merged, LOOKS * len(targets))
+    candidates = ((-neg, rid, decoded, w) for neg, rid, decoded, w in looked)
     changes = {w.id: 0 for w in targets}
     by_rank: dict[int, list[tuple[int, str, int, WorkingWorker]]] = {}
     for w in targets:
@@ -105,7 +115,7 @@ def lift_tail(workers: Sequence[WorkingWorker], min_decode: int, out: list[Actio
     for heap in by_rank.values():
         heapq.heapify(heap)
     moves = 0
-    for context, rid, source in candidates:
+    for context, rid, decoded, source in candidates:
         for rank in ranks:
             if rank < source.affinity:
                 break
@@ -115,7 +125,7 @@ def lift_tail(workers: Sequence[WorkingWorker], min_decode: int, out: list[Actio
             if not heap or -heap[0][0] < context:
                 continue
             target = heap[0][3]
-            if target is source or not worth_moving(context, source, target):
+            if target is source or not worth_moving(context, decoded, source, target, period_s):
                 continue
             at = next(i for i, r in enumerate(source.residents) if r.id == rid)
             source.pop(at, min_decode)
