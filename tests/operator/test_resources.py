@@ -16,7 +16,7 @@ def test_the_example_validates() -> None:
     pool, run = load(EXAMPLE)
     assert [g.name for g in pool.spec.groups] == ["h800", "a910x"]
     assert pool.spec.groups[0].price_per_hour == 2.0  # pricePerHour in YAML
-    assert run.spec.scheduler.h_min == 256 and run.spec.batch.prompts_per_batch == 8
+    assert run.spec.scheduler.h_min == "auto" and run.spec.batch.prompts_per_batch == 8
 
 
 @pytest.mark.parametrize(

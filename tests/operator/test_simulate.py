@@ -28,7 +28,8 @@ def test_the_example_becomes_a_scenario_of_the_same_pool_and_knobs() -> None:
     assert (w.prompts_per_batch, w.samples_per_prompt, w.iterations) == (8, 8, 30)
     assert w.median_response_tokens == 12 and scenario.max_model_len == 30 + 12
     s = scenario.scheduling
-    assert (s.eta, s.delta, s.h_min, s.control_period_s) == (1, 16, 256, 0.2)
+    assert (s.eta, s.delta, s.h_min, s.control_period_s) == (1, "auto", "auto", 0.2)
+    assert scenario.min_kv_tokens() == scenario.max_model_len + 256 + 16  # sized as the run
     assert scenario.trainer.update_seconds == 0.5
 
 
