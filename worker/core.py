@@ -367,6 +367,11 @@ class WorkerCore:
         if held is None:
             raise Refused(404, "not_resident", f"{rid} is not resident here")
         self._absorb(held, self.engine.abort(rid))
+        if held.generated >= held.max_tokens:
+            # It decoded its last token between the observation and this call: nothing is
+            # left to resume anywhere, so it ends here instead of parking for ever.
+            self._deliver(held)
+            raise Refused(409, "finished", f"{rid} finished before it could be evicted")
         held.reason, held.parked_since = "evicted", self.clock.now()
         self.parked[rid] = held
         self.counts["departures"] += 1

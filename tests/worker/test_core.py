@@ -182,3 +182,21 @@ def test_time_parked_counts_as_pending_across_a_hand_off() -> None:
     pool.clock.work(2.0)
     asyncio.run(b.place(moved("t", pool.source("b"), attempt=2)))
     assert b.resident["t"].timings.pending_s == pytest.approx(7.0)
+
+
+def test_an_eviction_that_finds_the_last_token_decoded_ends_the_trajectory_there() -> None:
+    # The engine decoded the last token between the loop's observation and the eviction:
+    # nothing is left to resume anywhere, so it is delivered, not parked for ever.
+    pool = Pool()
+    a = pool.add("a")
+    asyncio.run(a.place(fresh("t", max_tokens=5)))
+    _steps(a, 4)
+    out = a.engine.requests["t"].output
+    out.token_ids.append(7)
+    out.logprobs.append(-0.5)
+    with pytest.raises(Refused) as refused:
+        a.evict("t")
+    assert refused.value.status == 409 and "finished" in str(refused.value)
+    assert "t" not in a.parked and "t" not in a.resident
+    delivered = a.finished.pop()
+    assert sum(len(turn.token_ids) for turn in delivered.turns) == 5
