@@ -5,7 +5,7 @@ For each policy the file runs for real first: trainer, emulated workers and the 
 loop, at a time compression slow enough for the emulation to keep its accelerators' pace
 on this machine. What the resources do not say about the workload is then read from that
 run's ledger (mean prompt and response length, the mean update time) and given to the
-simulator (`operator/simulate.py`), which runs the same policy on the same modelled pool,
+simulator (`operator/local/simulate.py`), which runs the same policy on the same modelled pool,
 with weights moved for free as the emulation moves them.
 `ratio` is runtime over simulator; the target is within 15%. Prints one JSON object.
 """
@@ -19,9 +19,9 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from cadence.operator import run as local
-from cadence.operator.resources import load
-from cadence.operator.simulate import SimWorkload, scenario_of
+from cadence.operator.api.resources import load
+from cadence.operator.local import run as local
+from cadence.operator.local.simulate import SimWorkload, scenario_of
 from cadence.sim import compare
 
 EXAMPLE = Path(__file__).parents[1] / "manifests" / "examples" / "trainingrun.yaml"

@@ -23,10 +23,11 @@ from pathlib import Path
 
 import torch
 
-from cadence.sim.catalog import ACCELERATORS, MODELS
-from cadence.sim.physics import deploy
+from cadence.common.catalog import ACCELERATORS, MODELS
+from cadence.common.physics import deploy
 from cadence.worker.api import Sampling
-from cadence.worker.emulated import EmulatedEngine, EngineRequest, MonotonicClock
+from cadence.worker.emulated import EmulatedEngine
+from cadence.worker.engine import EngineRequest, MonotonicClock
 from cadence.worker.tinymodel import make_tiny_llama
 from cadence.worker.torchsource import TorchTokenSource
 

@@ -20,12 +20,13 @@ import time
 from pathlib import Path
 from typing import Literal
 
-from cadence.operator.localpool import serve_trainer, worker_processes
-from cadence.operator.loop import ControlLoop, LoopConfig
+from cadence.operator.control.loop import ControlLoop, LoopConfig
+from cadence.operator.local.processes import serve_trainer, worker_processes
 from cadence.operator.scheduler.cadence import CadencePolicy
 from cadence.operator.scheduler.snapshot import Knobs
 from cadence.trainer.client import TrainerClient
-from cadence.trainer.trainer import Trainer, TrainerConfig
+from cadence.trainer.config import TrainerConfig
+from cadence.trainer.trainer import Trainer
 from cadence.worker.tinymodel import make_tiny_llama
 
 Engine = Literal["vllm", "emulated"]

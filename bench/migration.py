@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from cadence.worker.api import Sampling
-from cadence.worker.emulated import EngineRequest
+from cadence.worker.engine import EngineRequest
 from cadence.worker.tinymodel import make_tiny_llama
 from cadence.worker.vllm_engine import VllmEngine
 

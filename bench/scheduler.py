@@ -30,6 +30,7 @@ from _operator import attrgetter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from cadence.common.stats import percentile
 from cadence.operator.scheduler import (
     Action,
     Admission,
@@ -46,7 +47,6 @@ from cadence.operator.scheduler import (
     StepCost,
     WorkerView,
 )
-from cadence.sim.stats import percentile
 
 # KV tokens per worker: Qwen3-8B (16.4 GB of weights, 147,456 KV bytes per token) on an
 # 80 GB accelerator, less a reserve: about 400K tokens. The paper's max_model_len is 64K.

@@ -18,13 +18,14 @@ from pathlib import Path
 
 import uvicorn
 
-from cadence.sim.catalog import ACCELERATORS, MODELS
-from cadence.sim.physics import deploy
+from cadence.common.catalog import ACCELERATORS, MODELS
+from cadence.common.physics import deploy
 from cadence.worker.api import FreshStart, PlaceRequest, Sampling
 from cadence.worker.app import create_app
 from cadence.worker.client import Peers, WorkerClient
 from cadence.worker.core import Identity, WorkerCore
-from cadence.worker.emulated import EmulatedEngine, MonotonicClock
+from cadence.worker.emulated import EmulatedEngine
+from cadence.worker.engine import MonotonicClock
 from cadence.worker.tinymodel import make_tiny_llama
 from cadence.worker.torchsource import TorchTokenSource
 

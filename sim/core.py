@@ -21,6 +21,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from cadence.common.catalog import MODELS
+from cadence.common.physics import Deployment, transfer_s
+from cadence.common.stats import percentile
 from cadence.operator.scheduler import (
     Action,
     Admission,
@@ -37,11 +40,8 @@ from cadence.operator.scheduler import (
     check_no_stranding,
 )
 from cadence.operator.scheduler.cost import StepCost
-from cadence.sim.catalog import MODELS
 from cadence.sim.engine import Engine, Request
-from cadence.sim.physics import Deployment, transfer_s
-from cadence.sim.scenario import Scenario
-from cadence.sim.stats import percentile
+from cadence.sim.scenario import Scenario, step_cost
 from cadence.sim.workload import Sample
 
 State = Literal["fresh", "pending", "env", "running", "done"]
@@ -96,7 +96,7 @@ class Worker:
     cost: StepCost | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
-        self.cost = self.deployment.step_cost()
+        self.cost = step_cost(self.deployment)
 
     @property
     def accelerator(self) -> str:

@@ -20,7 +20,7 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
-from cadence.sim.physics import Deployment
+from cadence.common.physics import Deployment
 
 
 @dataclass(slots=True)

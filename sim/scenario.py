@@ -15,7 +15,7 @@ import itertools
 import json
 import random
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal, Self
 
@@ -32,10 +32,8 @@ from pydantic import (
     model_validator,
 )
 
-from cadence.operator.scheduler.cost import floor_warning
-from cadence.operator.scheduler.snapshot import Knobs
-from cadence.sim.catalog import ACCELERATORS, GB, MODELS, TB, Accelerator, Figure
-from cadence.sim.physics import (
+from cadence.common.catalog import ACCELERATORS, GB, MODELS, TB, Accelerator, Figure
+from cadence.common.physics import (
     BANDWIDTH_EFFICIENCY,
     DECODE_MFU,
     PREFILL_MFU,
@@ -44,6 +42,8 @@ from cadence.sim.physics import (
     Efficiency,
     deploy,
 )
+from cadence.operator.scheduler.cost import StepCost, floor_warning
+from cadence.operator.scheduler.snapshot import Knobs
 from cadence.sim.workload import (
     Component,
     Empirical,
@@ -84,6 +84,11 @@ AutoOrTokens = Annotated[
         {"anyOf": [{"type": "integer", "minimum": 0}, {"type": "string", "enum": ["auto"]}]}
     ),
 ]
+
+
+def step_cost(deployment: Deployment) -> StepCost:
+    """The scheduler's view of a modelled worker's costs (its roofline's terms)."""
+    return StepCost(**asdict(deployment.step_terms()))
 
 
 class _Strict(BaseModel):
@@ -541,7 +546,7 @@ class Scenario(_Strict):
             said = floor_warning(
                 f"group {g.group}",
                 s.h_min,
-                d.step_cost(),
+                step_cost(d),
                 self.physics.max_batch,
                 capacity=cap,
                 period_s=period,

@@ -3,7 +3,7 @@ published weights for workers, and a background task that trains each batch as s
 it is complete (in a thread, so ingest keeps answering while torch works).
 
 Every endpoint but `/metrics`, `/healthz` and the weights' sha256 list needs the bearer
-token; refusals are one sentence (`worker/web.py`).
+token; refusals are one sentence (`common/web.py`).
 """
 
 from __future__ import annotations
@@ -18,7 +18,9 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from cadence.sim.stats import percentile
+from cadence.common import web
+from cadence.common.stats import percentile
+from cadence.common.web import fetch
 from cadence.trainer.api import (
     AdmitRequest,
     AdmitResponse,
@@ -38,9 +40,7 @@ from cadence.trainer.api import (
 )
 from cadence.trainer.ledger import IN_FLIGHT, LedgerError
 from cadence.trainer.trainer import Trainer
-from cadence.worker import web
 from cadence.worker.api import Delivery
-from cadence.worker.serve import fetch
 
 log = logging.getLogger("cadence.trainer")
 

@@ -15,6 +15,7 @@ import hashlib
 from collections.abc import Sequence
 from pathlib import Path
 
+from cadence.common.web import ServiceClient, ServiceError
 from cadence.trainer.api import (
     AdmitRequest,
     AdmitResponse,
@@ -30,7 +31,6 @@ from cadence.trainer.api import (
     SubmittedPrompt,
     VersionInfo,
 )
-from cadence.worker.web import ServiceClient, ServiceError
 
 
 class TrainerError(ServiceError):

@@ -7,7 +7,8 @@ from __future__ import annotations
 import uvicorn
 
 from cadence.trainer.app import create_app
-from cadence.trainer.trainer import Trainer, TrainerConfig
+from cadence.trainer.config import TrainerConfig
+from cadence.trainer.trainer import Trainer
 
 
 def serve(config: TrainerConfig, token: str, *, host: str = "127.0.0.1", port: int = 8100) -> None:

@@ -17,42 +17,19 @@ import json
 import threading
 import time
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
 from safetensors.torch import load
 from transformers import AutoModelForCausalLM
 
+from cadence.common.vocabulary import Vocabulary
+from cadence.trainer.config import TrainerConfig
 from cadence.trainer.grpo import Scored, UpdateConfig, UpdateStats, update
 from cadence.trainer.ledger import Accepted, Group, Ledger, LedgerError
 from cadence.trainer.task import TASKS
 from cadence.trainer.weights import WeightStore, load_optimizer, save_optimizer
 from cadence.worker.api import Delivery
-from cadence.worker.tools import Vocabulary
-
-
-class TrainerConfig(BaseModel):
-    """A training run's trainer side (the TrainingRun resource carries the same fields)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    model_path: Path
-    state_dir: Path  # the ledger, published weights and optimizer state (a volume)
-    # A built-in task (prompts and verifier, trained here) or "external": prompts are
-    # submitted and batches trained by another trainer through the client (`client.py`).
-    task: Literal["digits", "arithmetic", "external"] = "digits"
-    group_size: int = Field(default=8, ge=2)  # samples per prompt
-    batch_groups: int = Field(default=8, ge=1)  # B
-    iterations: int = Field(default=20, ge=1)  # batches to train
-    eta: int = Field(default=1, ge=0)
-    learning_rate: float = Field(default=2e-2, ge=0.0)
-    clip_eps: float = Field(default=0.2, gt=0.0)
-    epochs: int = Field(default=1, ge=1)
-    advantages: Literal["group", "batch"] = "group"
-    max_tokens: int = Field(default=12, ge=1)
-    temperature: float = Field(default=1.0, ge=0.0)
-    seed: int = 0
 
 
 class Trainer:

@@ -14,9 +14,9 @@ from typing import Annotated, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from cadence.common.web import Problem
+
 API_VERSION = "v1"
-# A body larger than this is refused before it is parsed (413).
-MAX_BODY_BYTES = 8 * 1024 * 1024
 
 TrajectoryId = Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9._:-]+$")]
 TokenIds = list[Annotated[int, Field(ge=0)]]
@@ -203,13 +203,6 @@ class AdvanceRequest(_Body):
     version: int = Field(ge=0)
     weights_uri: str = Field(min_length=1)
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
-
-
-class Problem(_Body):
-    """Every 4xx/5xx body: one sentence a person can act on."""
-
-    error: str
-    reason: str
 
 
 class Delivery(_Body):

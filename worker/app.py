@@ -19,7 +19,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from cadence.worker import web
+from cadence.common import web
 from cadence.worker.api import (
     AdvanceRequest,
     ClaimRequest,

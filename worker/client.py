@@ -12,6 +12,7 @@ from typing import Any
 import httpx
 from pydantic import TypeAdapter
 
+from cadence.common.web import ServiceClient, ServiceError
 from cadence.worker.api import (
     AdvanceRequest,
     ClaimRequest,
@@ -32,7 +33,6 @@ from cadence.worker.api import (
     WorkerState,
 )
 from cadence.worker.core import Refused
-from cadence.worker.web import ServiceClient, ServiceError
 
 
 class WorkerError(ServiceError):

@@ -45,8 +45,7 @@ from cadence.worker.api import (
     Turn,
     WorkerState,
 )
-from cadence.worker.emulated import Clock, EngineRequest, RoomError
-from cadence.worker.engine import Engine
+from cadence.worker.engine import Clock, Engine, EngineRequest, RoomError
 from cadence.worker.outbox import Outbox
 from cadence.worker.tools import ToolUse
 

@@ -3,7 +3,7 @@ describes. It is never presented as vLLM: every state and metric names it `emula
 
 Tokens come from a `TokenSource` (a small local model, so what it generates can be
 trained on); time comes from the simulator's roofline of the accelerator it emulates
-(`cadence.sim.physics.Deployment`), divided by a time-compression factor, and KV is
+(`cadence.common.physics.Deployment`), divided by a time-compression factor, and KV is
 accounted in tokens against that accelerator's capacity for the modelled model. So an
 emulated A910X and an emulated H800 holding the same batch take steps whose durations
 stand in the roofline's ratio, on one laptop.
@@ -17,32 +17,14 @@ overloaded host says so instead of distorting every latency it measures.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Protocol
 
-from cadence.sim.physics import Deployment
-from cadence.worker.api import Sampling, StepCostInfo
-
-
-class Clock(Protocol):
-    """Time as the engine sees it; tests inject a fake one."""
-
-    def now(self) -> float: ...
-
-    async def sleep_until(self, deadline: float) -> None: ...
-
-
-class MonotonicClock:
-    def now(self) -> float:
-        return time.monotonic()
-
-    async def sleep_until(self, deadline: float) -> None:
-        delay = deadline - time.monotonic()
-        if delay > 0:
-            await asyncio.sleep(delay)
+from cadence.common.physics import Deployment
+from cadence.worker.api import StepCostInfo
+from cadence.worker.engine import Clock, EngineRequest, MonotonicClock, RoomError
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,49 +101,6 @@ class Pacer:
         return self.late_steps > 0
 
 
-@dataclass
-class Generation:
-    """What a request has produced since it was added: tokens and their logprobs."""
-
-    token_ids: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-
-
-@dataclass
-class EngineRequest:
-    """A sequence to decode: its whole context so far, and how many tokens to add."""
-
-    id: str
-    context_ids: list[int]
-    max_new_tokens: int
-    sampling: Sampling = field(default_factory=Sampling)
-    eos_token_id: int | None = None
-    output: Generation = field(default_factory=Generation)
-    prefilled: bool = False
-    preempted: bool = False  # KV given up for lack of room; waits to be prefilled again
-    error: str | None = None  # the engine failed it; the sample ends marked failed
-
-    @property
-    def context(self) -> int:
-        return len(self.context_ids) + len(self.output.token_ids)
-
-    @property
-    def token_ids(self) -> list[int]:
-        """The whole sequence so far: context, then what this placement generated."""
-        return self.context_ids + self.output.token_ids
-
-    @property
-    def done(self) -> bool:
-        out = self.output.token_ids
-        if len(out) >= self.max_new_tokens:
-            return True
-        return bool(out) and self.eos_token_id is not None and out[-1] == self.eos_token_id
-
-
-class RoomError(RuntimeError):
-    """The request's KV does not fit in what the engine has left."""
-
-
 class EmulatedEngine:
     """Decodes with a `TokenSource`, paced and sized as the emulated accelerator.
 
@@ -204,7 +143,7 @@ class EmulatedEngine:
     @property
     def step_cost(self) -> StepCostInfo:
         """The emulated accelerator's roofline, in this host's (compressed) seconds."""
-        cost, k = self.deployment.step_cost(), self.pacer.compression
+        cost, k = self.deployment.step_terms(), self.pacer.compression
         return StepCostInfo(
             weights_s=cost.weights_s / k,
             kv_token_s=cost.kv_token_s / k,

@@ -4,11 +4,73 @@ local model, time and KV of an emulated accelerator) and `VllmEngine` (vLLM, rea
 from __future__ import annotations
 
 import asyncio
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Protocol
 
-from cadence.worker.api import StepCostInfo
-from cadence.worker.emulated import EngineRequest
+from cadence.worker.api import Sampling, StepCostInfo
+
+
+class Clock(Protocol):
+    """Time as the engine sees it; tests inject a fake one."""
+
+    def now(self) -> float: ...
+
+    async def sleep_until(self, deadline: float) -> None: ...
+
+
+class MonotonicClock:
+    def now(self) -> float:
+        return time.monotonic()
+
+    async def sleep_until(self, deadline: float) -> None:
+        delay = deadline - time.monotonic()
+        if delay > 0:
+            await asyncio.sleep(delay)
+
+
+@dataclass
+class Generation:
+    """What a request has produced since it was added: tokens and their logprobs."""
+
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+
+
+@dataclass
+class EngineRequest:
+    """A sequence to decode: its whole context so far, and how many tokens to add."""
+
+    id: str
+    context_ids: list[int]
+    max_new_tokens: int
+    sampling: Sampling = field(default_factory=Sampling)
+    eos_token_id: int | None = None
+    output: Generation = field(default_factory=Generation)
+    prefilled: bool = False
+    preempted: bool = False  # KV given up for lack of room; waits to be prefilled again
+    error: str | None = None  # the engine failed it; the sample ends marked failed
+
+    @property
+    def context(self) -> int:
+        return len(self.context_ids) + len(self.output.token_ids)
+
+    @property
+    def token_ids(self) -> list[int]:
+        """The whole sequence so far: context, then what this placement generated."""
+        return self.context_ids + self.output.token_ids
+
+    @property
+    def done(self) -> bool:
+        out = self.output.token_ids
+        if len(out) >= self.max_new_tokens:
+            return True
+        return bool(out) and self.eos_token_id is not None and out[-1] == self.eos_token_id
+
+
+class RoomError(RuntimeError):
+    """The request's KV does not fit in what the engine has left."""
 
 
 class Engine(Protocol):

@@ -20,7 +20,8 @@ from typing import TypeVar
 
 from fastapi import FastAPI
 
-from cadence.worker import web
+from cadence.common import web
+from cadence.common.web import Problem
 from cadence.worker.api import (
     HostEvictMany,
     HostPlaceMany,
@@ -28,7 +29,6 @@ from cadence.worker.api import (
     Outcome,
     Outcomes,
     PlaceRequest,
-    Problem,
 )
 from cadence.worker.app import create_app, decode_forever
 from cadence.worker.core import Refused, WorkerCore

@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from cadence.worker.api import Delivery
-from cadence.worker.emulated import Clock
+from cadence.worker.engine import Clock
 
 Send = Callable[[Delivery], Awaitable[None]]
 

@@ -15,20 +15,21 @@ from pathlib import Path
 from types import FrameType
 from typing import Literal
 
-import httpx
 import torch
 import uvicorn
 
-from cadence.sim.catalog import ACCELERATORS, MODELS
-from cadence.sim.physics import deploy
+from cadence.common.catalog import ACCELERATORS, MODELS
+from cadence.common.physics import deploy
+from cadence.common.vocabulary import Vocabulary
+from cadence.common.web import fetch
 from cadence.worker.app import create_app
 from cadence.worker.client import Peers, TrainerSender
 from cadence.worker.core import Identity, WorkerCore
-from cadence.worker.emulated import EmulatedEngine, MonotonicClock
-from cadence.worker.engine import Engine
+from cadence.worker.emulated import EmulatedEngine
+from cadence.worker.engine import Engine, MonotonicClock
 from cadence.worker.host import create_host_app
 from cadence.worker.outbox import Outbox
-from cadence.worker.tools import HttpEnvironment, ToolUse, Vocabulary
+from cadence.worker.tools import HttpEnvironment, ToolUse
 from cadence.worker.torchsource import TorchTokenSource
 from cadence.worker.vllm_engine import VllmEngine
 
@@ -76,16 +77,6 @@ def read_token(token_file: Path | None) -> str:
     if not token:
         raise ConfigError(f"a bearer token is required: --token-file FILE or {TOKEN_ENV}")
     return token
-
-
-async def fetch(uri: str, token: str) -> bytes:
-    """Bytes from an http(s) URI (with the pool's token) or a path."""
-    if uri.startswith(("http://", "https://")):
-        async with httpx.AsyncClient(timeout=300.0) as http:
-            r = await http.get(uri, headers={"Authorization": f"Bearer {token}"})
-            r.raise_for_status()
-            return r.content
-    return Path(uri.removeprefix("file://")).read_bytes()
 
 
 def check(options: WorkerOptions) -> None:

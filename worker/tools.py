@@ -18,34 +18,16 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import httpx
 
 from cadence.worker.calculator import ToolRequest, ToolResponse
-from cadence.worker.emulated import Clock
+from cadence.worker.engine import Clock
 
 CALL_END = "</tool>"
 
 # (trajectory id, call index, the model's text since the last observation) -> observation
 AskEnvironment = Callable[[str, int, str], Awaitable[str]]
-
-
-class Vocabulary:
-    """Text <-> tokens for the model a worker serves (its Hugging Face tokenizer)."""
-
-    def __init__(self, model_path: Path) -> None:
-        # transformers is heavy to import; a worker without tools never needs it here.
-        from transformers import AutoTokenizer  # noqa: PLC0415
-
-        self._tokenizer = AutoTokenizer.from_pretrained(model_path)
-        self.eos_token_id: int | None = self._tokenizer.eos_token_id
-
-    def decode(self, token_ids: Sequence[int]) -> str:
-        return str(self._tokenizer.decode(list(token_ids), skip_special_tokens=True))
-
-    def encode(self, text: str) -> list[int]:
-        return list(self._tokenizer.encode(text, add_special_tokens=False))
 
 
 class HttpEnvironment:

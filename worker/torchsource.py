@@ -22,7 +22,8 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 from cadence.worker.api import Sampling
-from cadence.worker.emulated import EngineRequest, Sampled
+from cadence.worker.emulated import Sampled
+from cadence.worker.engine import EngineRequest
 
 
 def _generator(seed: int, position: int) -> torch.Generator:

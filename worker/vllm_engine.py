@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from cadence.worker.api import StepCostInfo
-from cadence.worker.emulated import EngineRequest, RoomError
+from cadence.worker.engine import EngineRequest, RoomError
 
 
 @dataclass

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from cadence.operator.cli import main
+from cadence.cli import main
 
 
 def test_emulation_bench_reports_each_workers_pace(capsys: pytest.CaptureFixture[str]) -> None:

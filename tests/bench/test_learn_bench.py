@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from cadence.bench.learn import learn
-from cadence.operator.cli import main
+from cadence.cli import main
 
 
 @pytest.mark.parametrize("learning_rate", [2e-2, 0.0])

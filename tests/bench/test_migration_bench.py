@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from cadence.operator.cli import main
+from cadence.cli import main
 
 
 def test_migration_bench_reports_identity_and_resume_times(

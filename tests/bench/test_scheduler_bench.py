@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from cadence.operator.cli import main
+from cadence.cli import main
 
 
 def test_bench_prints_a_json_summary_on_its_last_line(capsys: pytest.CaptureFixture[str]) -> None:

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from cadence.operator.cli import main
+from cadence.cli import main
 
 
 def test_worker_api_bench_reads_the_state_of_a_decoding_worker(

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from cadence.operator.capacity import check_capacity, group_capacities, knobs_of
-from cadence.operator.resources import ResourceError, load
+from cadence.operator.api.capacity import check_capacity, group_capacities
+from cadence.operator.api.resources import ResourceError, load
+from cadence.operator.api.settings import knobs_of
 
 EXAMPLE = Path(__file__).parents[2] / "manifests" / "examples" / "trainingrun.yaml"
 

@@ -12,9 +12,9 @@ from typing import Any
 import kubernetes_validate
 import pytest
 
-from cadence.operator import children
-from cadence.operator.children import WorkerView, choose_for_scale_in
-from cadence.operator.resources import RolloutGroup, load
+from cadence.operator.api.resources import RolloutGroup, load
+from cadence.operator.kube import children
+from cadence.operator.kube.children import WorkerView, choose_for_scale_in
 
 EXAMPLE = Path(__file__).parents[2] / "manifests" / "examples" / "heterogeneous.yaml"
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from cadence.operator.cli import main
+from cadence.cli import main
 
 FIGURE8 = Path(__file__).parents[2] / "bench" / "snapshots" / "figure8.json"
 

@@ -17,9 +17,9 @@ import yaml
 from celpy.adapter import json_to_cel
 from pydantic import ValidationError
 
-from cadence.operator import crds
-from cadence.operator.cli import main
-from cadence.operator.resources import RolloutGroup, RolloutPool, TrainingRun, groups_of, load
+from cadence.cli import main
+from cadence.operator.api.resources import RolloutGroup, RolloutPool, TrainingRun, groups_of, load
+from cadence.operator.kube import crds
 
 from .openapi import apply_defaults, at, rules, to_json_schema
 

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from cadence.operator.group_stats import GroupShape, group_stats, wanted_group
+from cadence.operator.control.group_stats import GroupShape, group_stats, wanted_group
 from cadence.operator.scheduler.actions import Action, Evict, EvictReason, Place
 from cadence.operator.scheduler.cadence import CadencePolicy
 

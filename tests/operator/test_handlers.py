@@ -10,9 +10,9 @@ from typing import Any
 
 import yaml
 
-from cadence.operator.handlers import Reconciler, condition, settled
-from cadence.operator.kube import path
-from cadence.operator.resources import API_VERSION
+from cadence.operator.api.resources import API_VERSION
+from cadence.operator.kube.client import path
+from cadence.operator.kube.handlers import Reconciler, condition, settled
 
 EXAMPLE = Path(__file__).parents[2] / "manifests" / "examples" / "trainingrun.yaml"
 

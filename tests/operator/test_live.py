@@ -6,8 +6,8 @@ import time
 
 from rich.console import Console
 
-from cadence.operator.live import render
-from cadence.operator.run import Progress, Sample
+from cadence.operator.local.live import render
+from cadence.operator.local.run import Progress, Sample
 from cadence.trainer.api import RunStats
 from cadence.worker.api import ParkedInfo, ResidentInfo, WorkerState
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from cadence.operator.loop import ControlLoop, LoopConfig
+from cadence.operator.control.loop import ControlLoop, LoopConfig
 from cadence.operator.scheduler import CadencePolicy, Knobs, StepCost, WorkerView
 from cadence.trainer.client import TrainerClient
 

@@ -18,8 +18,8 @@ import pytest
 import yaml
 from pydantic import BaseModel
 
-from cadence.operator import crds
-from cadence.operator.resources import RolloutPool, TrainingRun, groups_of
+from cadence.operator.api.resources import RolloutPool, TrainingRun, groups_of
+from cadence.operator.kube import crds
 
 from .openapi import to_json_schema
 

@@ -1,4 +1,4 @@
-"""The operator (kopf, `operator/handlers.py`) against the test Kubernetes emulator: a
+"""The operator (kopf, `operator/kube/handlers.py`) against the test Kubernetes emulator: a
 pool gets its RolloutGroups, a run binds it and gets its trainer, each group gets worker
 pods with the labels, devices and owner a cluster needs, `/scale` on a group moves its
 pods, an invalid pool is Degraded with the field and an Event while others go on, and a
@@ -27,12 +27,12 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry, generate_latest
 
-from cadence.operator import children
-from cadence.operator.handlers import Reconciler
-from cadence.operator.kube import Kube
-from cadence.operator.localpool import CADENCE, free_port, wait_healthy, worker_processes
-from cadence.operator.resources import TrainingRun
-from cadence.operator.serve import operator_registry
+from cadence.operator.api.resources import TrainingRun
+from cadence.operator.api.settings import trainer_config
+from cadence.operator.kube.client import Kube
+from cadence.operator.kube.handlers import Reconciler
+from cadence.operator.kube.serve import operator_registry
+from cadence.operator.local.processes import CADENCE, free_port, wait_healthy, worker_processes
 from cadence.worker.tinymodel import make_tiny_llama
 
 from .k8s_emulator import ApiError, KubernetesEmulator, call, serve, write_kubeconfig
@@ -396,8 +396,7 @@ def processes(url: str, local: Local, run: dict[str, Any], tmp_path: Path) -> It
     secret = _eventually(lambda: _get(url, "/api/v1/namespaces/default/secrets/cadence-token"))
     local.token = base64.b64decode(secret["data"]["token"]).decode()
     model = make_tiny_llama(tmp_path / "model")
-    config = children.trainer_config(TrainingRun.model_validate(run))
-    config = config.model_copy(update={"model_path": model, "state_dir": tmp_path / "state"})
+    config = trainer_config(TrainingRun.model_validate(run), model, tmp_path / "state")
     (tmp_path / "trainer.json").write_text(config.model_dump_json())
     port = free_port()
     trainer = subprocess.Popen(

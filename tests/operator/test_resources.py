@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from cadence.operator.resources import ResourceError, load
+from cadence.operator.api.resources import ResourceError, load
 
 EXAMPLE = Path(__file__).parents[2] / "manifests" / "examples" / "trainingrun.yaml"
 

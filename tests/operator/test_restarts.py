@@ -15,8 +15,14 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from cadence.operator.localpool import CADENCE, Workers, free_port, wait_healthy, worker_processes
-from cadence.operator.loop import ControlLoop, LoopConfig
+from cadence.operator.control.loop import ControlLoop, LoopConfig
+from cadence.operator.local.processes import (
+    CADENCE,
+    Workers,
+    free_port,
+    wait_healthy,
+    worker_processes,
+)
 from cadence.operator.scheduler.cadence import CadencePolicy
 from cadence.operator.scheduler.snapshot import Knobs
 from cadence.trainer.client import TrainerClient

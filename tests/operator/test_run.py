@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from cadence.operator.cli import main
-from cadence.operator.localpool import CADENCE
-from cadence.operator.resources import load
-from cadence.operator.run import pool_workers, vllm_workers
+from cadence.cli import main
+from cadence.operator.api.resources import load
+from cadence.operator.local.processes import CADENCE
+from cadence.operator.local.run import pool_workers, vllm_workers
 from cadence.operator.scheduler.registry import DEFAULT_POLICIES
 
 EXAMPLE = Path(__file__).parents[2] / "manifests" / "examples" / "trainingrun.yaml"

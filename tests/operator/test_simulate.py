@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from cadence.operator.cli import main
-from cadence.operator.resources import load
-from cadence.operator.simulate import SimWorkload, scenario_of
+from cadence.cli import main
+from cadence.operator.api.resources import load
+from cadence.operator.local.simulate import SimWorkload, scenario_of
 
 EXAMPLE = Path(__file__).parents[2] / "manifests" / "examples" / "trainingrun.yaml"
 

@@ -7,9 +7,9 @@ import random
 
 import pytest
 
-from cadence.sim.catalog import ACCELERATORS, MODELS
+from cadence.common.catalog import ACCELERATORS, MODELS
+from cadence.common.physics import Deployment, Efficiency
 from cadence.sim.engine import Engine, Request, Stop
-from cadence.sim.physics import Deployment, Efficiency
 
 
 def _deployment(capacity: int) -> Deployment:

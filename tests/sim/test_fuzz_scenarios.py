@@ -13,7 +13,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cadence.operator.cli import main
+from cadence.cli import main
 
 TINY = Path(__file__).parents[2] / "sim" / "scenarios" / "tiny-16A16B8H.yaml"
 BASE: dict[str, Any] = yaml.safe_load(TINY.read_text())

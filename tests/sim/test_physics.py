@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from cadence.sim.catalog import ACCELERATORS, MODELS
-from cadence.sim.physics import Efficiency, deploy, kv_capacity_tokens, transfer_s
+from cadence.common.catalog import ACCELERATORS, MODELS
+from cadence.common.physics import Efficiency, deploy, kv_capacity_tokens, transfer_s
 
 
 @pytest.mark.parametrize(

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-from cadence.operator.cli import main
+from cadence.cli import main
 from cadence.operator.scheduler import Action, Admit, Snapshot
 from cadence.sim.core import STALL_S, Simulation, StallError
 from cadence.sim.scenario import Scenario

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cadence.operator.cli import main
+from cadence.cli import main
 
 TINY = Path(__file__).parents[2] / "sim" / "scenarios" / "tiny-16A16B8H.yaml"
 

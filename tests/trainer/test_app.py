@@ -11,9 +11,10 @@ from typing import Any
 import httpx
 import pytest
 
+from cadence.common.web import MAX_BODY_BYTES
 from cadence.trainer.app import create_app
-from cadence.trainer.trainer import Trainer, TrainerConfig
-from cadence.worker.api import MAX_BODY_BYTES
+from cadence.trainer.config import TrainerConfig
+from cadence.trainer.trainer import Trainer
 from cadence.worker.tinymodel import make_tiny_llama
 
 from .factories import delivery

@@ -13,7 +13,7 @@ from transformers import AutoModelForCausalLM
 
 from cadence.trainer.grpo import Scored, UpdateConfig, advantages, token_logprobs, update
 from cadence.worker.api import FreshStart, PlaceRequest, Sampling, TrajectoryState
-from cadence.worker.emulated import EngineRequest
+from cadence.worker.engine import EngineRequest
 from cadence.worker.tinymodel import make_tiny_llama
 from cadence.worker.torchsource import TorchTokenSource
 

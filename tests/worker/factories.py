@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from cadence.operator import localpool
-from cadence.sim.catalog import ACCELERATORS, MODELS
-from cadence.sim.physics import Deployment, deploy
+from cadence.common.catalog import ACCELERATORS, MODELS
+from cadence.common.physics import Deployment, deploy
+from cadence.operator.local import processes as localpool
 from cadence.worker.api import (
     ClaimRequest,
     FreshStart,
@@ -19,7 +19,8 @@ from cadence.worker.api import (
     TrajectoryState,
 )
 from cadence.worker.core import Identity, WorkerCore
-from cadence.worker.emulated import EmulatedEngine, EngineRequest, Sampled, TokenSource
+from cadence.worker.emulated import EmulatedEngine, Sampled, TokenSource
+from cadence.worker.engine import EngineRequest
 
 
 class FakeClock:

@@ -9,7 +9,8 @@ import json
 import httpx
 import pytest
 
-from cadence.worker.api import MAX_BODY_BYTES, Source
+from cadence.common.web import MAX_BODY_BYTES
+from cadence.worker.api import Source
 from cadence.worker.app import create_app
 from cadence.worker.client import Peers, WorkerClient, WorkerError
 from cadence.worker.core import Identity, WorkerCore

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from cadence.sim.physics import Deployment
-from cadence.worker.emulated import EmulatedEngine, EngineRequest, Pacer, RoomError, Sampled
+from cadence.common.physics import Deployment
+from cadence.worker.emulated import EmulatedEngine, Pacer, Sampled
+from cadence.worker.engine import EngineRequest, RoomError
 
 from .factories import FakeClock, deployment
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from cadence.operator.cli import main
+from cadence.cli import main
 from cadence.worker.tinymodel import make_tiny_llama
 
 from .factories import CADENCE, free_port, wait_healthy

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from cadence.worker.api import Sampling
-from cadence.worker.emulated import EmulatedEngine, EngineRequest
+from cadence.worker.emulated import EmulatedEngine
+from cadence.worker.engine import EngineRequest
 from cadence.worker.tinymodel import make_tiny_llama
 from cadence.worker.torchsource import TorchTokenSource
 

@@ -15,7 +15,7 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 
 from cadence.worker.api import Sampling
-from cadence.worker.emulated import EngineRequest, RoomError
+from cadence.worker.engine import EngineRequest, RoomError
 from cadence.worker.tinymodel import make_tiny_llama
 from cadence.worker.vllm_engine import VllmEngine
 

@@ -11,15 +11,26 @@ import asyncio
 import contextlib
 import hmac
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from pathlib import Path
 from typing import Any
 
 import httpx
 from fastapi import Depends, FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict
 
-from cadence.worker.api import MAX_BODY_BYTES, Problem
+# A body larger than this is refused before it is parsed (413).
+MAX_BODY_BYTES = 8 * 1024 * 1024
+
+
+class Problem(BaseModel):
+    """Every 4xx/5xx body: one sentence a person can act on."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    error: str
+    reason: str
 
 
 class Refusal(Exception):
@@ -154,3 +165,13 @@ class ServiceClient:
             return await call_json(self.http, method, path, body, timeout_s)
         except ServiceError as e:
             raise self.error(e.status, e.reason, e.message) from None
+
+
+async def fetch(uri: str, token: str) -> bytes:
+    """Bytes from an http(s) URI (with the pool's token) or a path."""
+    if uri.startswith(("http://", "https://")):
+        async with httpx.AsyncClient(timeout=300.0) as http:
+            r = await http.get(uri, headers={"Authorization": f"Bearer {token}"})
+            r.raise_for_status()
+            return r.content
+    return Path(uri.removeprefix("file://")).read_bytes()

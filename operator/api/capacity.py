@@ -13,16 +13,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from cadence.operator.resources import SIZING_DELTA, SIZING_H_MIN
+from cadence.common.catalog import MODELS
+from cadence.common.physics import TP_DEGREES, kv_capacity_tokens
+from cadence.operator.api.settings import knobs_of
 from cadence.operator.scheduler.errors import StrandingError
-from cadence.operator.scheduler.snapshot import Knobs
 from cadence.operator.scheduler.validation import check_no_stranding, required_capacity
-from cadence.sim.catalog import MODELS
-from cadence.sim.physics import TP_DEGREES, kv_capacity_tokens
 from cadence.sim.scenario import CustomAccelerator, Group
 
 if TYPE_CHECKING:  # resources calls into this module
-    from cadence.operator.resources import PoolGroup, RolloutPool, TrainingRun
+    from cadence.operator.api.resources import PoolGroup, RolloutPool, TrainingRun
 
 
 def sim_group(group: PoolGroup, devices: int = 1) -> Group:
@@ -43,20 +42,6 @@ def sim_group(group: PoolGroup, devices: int = 1) -> Group:
 def longest_trajectory(pool: RolloutPool) -> int:
     """A trajectory may grow to the largest `max_model_len` of any group, then move."""
     return max(g.engine.max_model_len for g in pool.spec.groups)
-
-
-def knobs_of(run: TrainingRun) -> Knobs:
-    s = run.spec.scheduler
-    return Knobs(
-        h_min=SIZING_H_MIN if s.h_min == "auto" else s.h_min,
-        delta=SIZING_DELTA if s.delta == "auto" else s.delta,
-        eta=s.eta,
-        min_decode=s.min_decode,
-        concentrate_without_fresh=s.concentrate_without_fresh,
-        auto_h_min=s.h_min == "auto",
-        auto_delta=s.delta == "auto",
-        control_period_s=s.control_period_s,
-    )
 
 
 def group_capacities(pool: RolloutPool, run: TrainingRun) -> dict[str, int]:

@@ -13,16 +13,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cadence.operator.capacity import knobs_of, sim_group
-from cadence.operator.resources import RolloutPool, TrainingRun
-from cadence.sim.catalog import ACCELERATORS, MODELS
-from cadence.sim.physics import (
+from cadence.common.catalog import ACCELERATORS, MODELS
+from cadence.common.physics import (
     BANDWIDTH_EFFICIENCY,
     DECODE_MFU,
     PREFILL_MFU,
     STEP_OVERHEAD_S,
     deploy,
 )
+from cadence.operator.api.capacity import sim_group
+from cadence.operator.api.resources import RolloutPool, TrainingRun
+from cadence.operator.api.settings import knobs_of
 from cadence.sim.scenario import (
     Physics,
     Scenario,

@@ -150,7 +150,7 @@ def _policy_settings(items: Sequence[str]) -> dict[str, dict[str, object]]:
 
 
 def _load_scenario(path: Path, settings: Sequence[str] = ()) -> Scenario:
-    """A scenario file, or the resources `cadence run` takes (`operator/simulate.py`),
+    """A scenario file, or the resources `cadence run` takes (`operator/local/simulate.py`),
     with `--set PATH=VALUE` overrides applied."""
     scenario = _read_scenario(path)
     for item in settings:
@@ -168,8 +168,8 @@ def _load_scenario(path: Path, settings: Sequence[str] = ()) -> Scenario:
 
 def _read_scenario(path: Path) -> Scenario:
     if _holds_resources(path):
-        from cadence.operator.resources import ResourceError, load  # noqa: PLC0415
-        from cadence.operator.simulate import scenario_of  # noqa: PLC0415
+        from cadence.operator.api.resources import ResourceError, load  # noqa: PLC0415
+        from cadence.operator.local.simulate import scenario_of  # noqa: PLC0415
 
         try:
             return scenario_of(*load(path))
@@ -393,7 +393,7 @@ def _cmd_bench_agreement(args: argparse.Namespace) -> int:
             f"unknown policy {', '.join(unknown) or '(none)'}; known: {', '.join(POLICIES)}"
         )
     if args.file is not None:
-        from cadence.operator.resources import ResourceError, load  # noqa: PLC0415
+        from cadence.operator.api.resources import ResourceError, load  # noqa: PLC0415
 
         try:
             load(args.file)
@@ -431,7 +431,7 @@ def _cmd_bench_learn(args: argparse.Namespace) -> int:
 def _cmd_operator(args: argparse.Namespace) -> int:
     if args.all_namespaces == bool(args.namespace):
         raise UsageError("give --all-namespaces or one or more --namespace")
-    from cadence.operator.serve import serve  # noqa: PLC0415
+    from cadence.operator.kube.serve import serve  # noqa: PLC0415
 
     serve(
         namespaces=args.namespace or [],
@@ -443,7 +443,7 @@ def _cmd_operator(args: argparse.Namespace) -> int:
 
 
 def _cmd_crds(args: argparse.Namespace) -> int:
-    from cadence.operator import crds  # noqa: PLC0415
+    from cadence.operator.kube import crds  # noqa: PLC0415
 
     if args.check:
         stale = [
@@ -472,8 +472,8 @@ def _cmd_trainer(args: argparse.Namespace) -> int:
     # Imported here: torch takes seconds to import, and most subcommands never need it.
     from pydantic import ValidationError  # noqa: PLC0415
 
+    from cadence.trainer.config import TrainerConfig  # noqa: PLC0415
     from cadence.trainer.serve import serve  # noqa: PLC0415
-    from cadence.trainer.trainer import TrainerConfig  # noqa: PLC0415
     from cadence.worker.serve import ConfigError, read_token  # noqa: PLC0415
 
     try:
@@ -511,7 +511,7 @@ def _cmd_trainer(args: argparse.Namespace) -> int:
 def _trainer_config(path: Path) -> Any:
     from pydantic import ValidationError  # noqa: PLC0415
 
-    from cadence.trainer.trainer import TrainerConfig  # noqa: PLC0415
+    from cadence.trainer.config import TrainerConfig  # noqa: PLC0415
 
     try:
         config = TrainerConfig.model_validate_json(path.read_bytes())
@@ -527,7 +527,7 @@ def _trainer_config(path: Path) -> Any:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from cadence.operator.resources import ResourceError, load  # noqa: PLC0415
+    from cadence.operator.api.resources import ResourceError, load  # noqa: PLC0415
 
     try:
         pool, training = load(args.file)
@@ -550,8 +550,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     # Imported here: torch and matplotlib take seconds to import.
     from rich.live import Live  # noqa: PLC0415
 
-    from cadence.operator import live, report  # noqa: PLC0415
-    from cadence.operator import run as local  # noqa: PLC0415
+    from cadence.operator.local import live, report  # noqa: PLC0415
+    from cadence.operator.local import run as local  # noqa: PLC0415
 
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="cadence-run-"))
     for name in policies:

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cadence.operator.scheduler.cost import StepCost
-from cadence.sim.catalog import Accelerator, Figure, Model
+from cadence.common.catalog import Accelerator, Figure, Model
 
 # Defaults, each with its source (CATALOG.md):
 BANDWIDTH_EFFICIENCY = Figure(0.75, "T", "calibrated simulators use 0.70-0.78 (A100, H100)")
@@ -27,6 +26,18 @@ class Efficiency:
     prefill_mfu: float = PREFILL_MFU.value
     decode_mfu: float = DECODE_MFU.value
     step_overhead_s: float = STEP_OVERHEAD_S.value
+
+
+@dataclass(frozen=True, slots=True)
+class StepTerms:
+    """A decode step's terms in seconds (weights, per KV token, per sequence, fixed) and
+    prefill per token; the same fields as the scheduler's `StepCost`."""
+
+    weights_s: float
+    kv_token_s: float
+    seq_s: float
+    overhead_s: float
+    prefill_token_s: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,13 +64,13 @@ class Deployment:
         compute = 2.0 * self.model.active_params * batch / flops
         return eff.step_overhead_s + max(memory, compute)
 
-    def step_cost(self) -> StepCost:
-        """The scheduler's view of this worker's costs: `decode_step_s` term by term, and
-        the linear part of `prefill_s` per token."""
+    def step_terms(self) -> StepTerms:
+        """`decode_step_s` term by term, and the linear part of `prefill_s` per token: what
+        the scheduler's `StepCost` and a worker's reported step cost carry."""
         eff = self.efficiency
         bw = self.tp * self.accelerator.bandwidth.value * eff.bandwidth
         flops = self.tp * self.accelerator.flops.value
-        return StepCost(
+        return StepTerms(
             weights_s=self.model.weight_bytes / bw,
             kv_token_s=self.model.kv_bytes_per_token / bw,
             seq_s=2.0 * self.model.active_params / (flops * eff.decode_mfu),

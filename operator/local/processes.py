@@ -22,7 +22,7 @@ from cadence.trainer.app import create_app
 from cadence.trainer.trainer import Trainer
 
 # `cadence` as a child process runs it, without relying on the console script's location.
-CADENCE = [sys.executable, "-c", "from cadence.operator.cli import entry; entry()"]
+CADENCE = [sys.executable, "-c", "from cadence.cli import entry; entry()"]
 
 
 def free_port() -> int:

@@ -1,7 +1,7 @@
 """The Kubernetes objects the operator owns, as pure functions of the resources: a pool's
 RolloutGroups, its headless Service and token Secret; a group's worker pods; a run's
 trainer ConfigMap, StatefulSet and Service. No I/O here: the kopf handlers
-(`operator/handlers.py`) compare these with what exists and create, patch or delete.
+(`operator/kube/handlers.py`) compare these with what exists and create, patch or delete.
 
 Worker pods are made by the operator rather than a Deployment so that scale-in can pick
 which pod goes (`scale_in_order`), as KubeRay's `workersToDelete` does: never the last
@@ -18,13 +18,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cadence.operator.resources import (
+from cadence.operator.api.resources import (
     RolloutGroup,
     RolloutPool,
     TrainingRun,
     groups_of,
 )
-from cadence.trainer.trainer import TrainerConfig
+from cadence.operator.api.settings import trainer_config
 
 CONTROL_PORT = 8000
 TRAINER_PORT = 8100
@@ -201,25 +201,6 @@ def trainer_url(run: TrainingRun) -> str:
     return f"http://{trainer_name(run)}.{run.metadata.namespace}.svc:{TRAINER_PORT}"
 
 
-def trainer_config(run: TrainingRun) -> TrainerConfig:
-    s = run.spec
-    return TrainerConfig(
-        model_path=Path(MODELS_DIR, s.model.catalog),
-        state_dir=Path(TRAINER_STATE),
-        task=s.dataset.task,
-        group_size=s.batch.samples_per_prompt,
-        batch_groups=s.batch.prompts_per_batch,
-        iterations=s.batch.iterations,
-        eta=s.scheduler.eta,
-        learning_rate=s.trainer.learning_rate,
-        clip_eps=s.trainer.clip_eps,
-        epochs=s.trainer.epochs,
-        advantages=s.trainer.advantages,
-        max_tokens=s.batch.max_tokens,
-        temperature=s.batch.temperature,
-    )
-
-
 def trainer_objects(
     run: TrainingRun, run_obj: Mapping[str, Any], pool: RolloutPool
 ) -> list[dict[str, Any]]:
@@ -236,7 +217,11 @@ def trainer_objects(
             "apiVersion": "v1",
             "kind": "ConfigMap",
             "metadata": {"name": name, **meta, "ownerReferences": refs},
-            "data": {"trainer.json": trainer_config(run).model_dump_json(indent=2)},
+            "data": {
+                "trainer.json": trainer_config(
+                    run, Path(MODELS_DIR, run.spec.model.catalog), Path(TRAINER_STATE)
+                ).model_dump_json(indent=2)
+            },
         },
         {
             "apiVersion": "apps/v1",

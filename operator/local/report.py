@@ -21,7 +21,7 @@ from matplotlib.figure import Figure
 from rich import box
 from rich.table import Table
 
-from cadence.operator.run import RunResult
+from cadence.operator.local.run import RunResult
 
 ROWS = (
     ("workers", "workers", "{}"),

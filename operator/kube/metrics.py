@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from cadence.operator.group_stats import GroupStats
-from cadence.operator.loop import ControlLoop
+from cadence.operator.control.group_stats import GroupStats
+from cadence.operator.control.loop import ControlLoop
 
 RunKey = tuple[str, str]  # (namespace, TrainingRun name)
 

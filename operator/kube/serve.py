@@ -12,8 +12,8 @@ from typing import Any
 import kopf
 from prometheus_client import REGISTRY, start_http_server
 
-from cadence.operator.handlers import Reconciler, register
-from cadence.operator.kube import Kube
+from cadence.operator.kube.client import Kube
+from cadence.operator.kube.handlers import Reconciler, register
 
 
 def operator_registry(

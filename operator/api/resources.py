@@ -21,8 +21,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from pydantic.alias_generators import to_camel
 from pydantic.config import JsonDict
 
+from cadence.common.catalog import ACCELERATORS, MODELS
 from cadence.operator.scheduler.registry import POLICIES
-from cadence.sim.catalog import ACCELERATORS, MODELS
 from cadence.sim.scenario import AutoOrTokens
 
 GROUP = "cadence.dev"
@@ -367,7 +367,7 @@ def check_pair(pool: RolloutPool, run: TrainingRun) -> None:
             f"TrainingRun spec.pool: it names pool {run.spec.pool!r}, "
             f"but the pool here is {pool.metadata.name!r}"
         )
-    from cadence.operator.capacity import check_capacity  # noqa: PLC0415 (it imports this)
+    from cadence.operator.api.capacity import check_capacity  # noqa: PLC0415 (it imports this)
     from cadence.operator.scheduler.errors import StrandingError  # noqa: PLC0415
 
     try:

@@ -12,7 +12,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from cadence.operator.run import Progress
+from cadence.operator.local.run import Progress
 
 
 def render(p: Progress) -> RenderableType:

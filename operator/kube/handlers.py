@@ -36,13 +36,8 @@ import httpx
 import kopf
 from pydantic import BaseModel, ValidationError
 
-from cadence.operator import children
-from cadence.operator.capacity import group_capacities, knobs_of
-from cadence.operator.group_stats import GroupShape, group_stats
-from cadence.operator.kube import Kube, KubeError, path
-from cadence.operator.loop import ControlLoop, LoopConfig
-from cadence.operator.metrics import OperatorMetrics, RunSeries
-from cadence.operator.resources import (
+from cadence.operator.api.capacity import group_capacities
+from cadence.operator.api.resources import (
     API_VERSION,
     GROUP,
     VERSION,
@@ -52,6 +47,12 @@ from cadence.operator.resources import (
     TrainingRun,
     check_pair,
 )
+from cadence.operator.api.settings import knobs_of
+from cadence.operator.control.group_stats import GroupShape, group_stats
+from cadence.operator.control.loop import ControlLoop, LoopConfig
+from cadence.operator.kube import children
+from cadence.operator.kube.client import Kube, KubeError, path
+from cadence.operator.kube.metrics import OperatorMetrics, RunSeries
 from cadence.operator.scheduler.registry import POLICIES
 from cadence.trainer.client import TrainerClient, TrainerError
 from cadence.worker.client import WorkerClient, WorkerError

@@ -7,7 +7,7 @@ until every batch is trained. `--chaos` kills a random worker process at interva
 starts a replacement, as a node loss and a rescheduled pod would.
 
 The result is the run's measures (`RunResult.measures`), with the timeline a report
-plots (`operator/report.py`).
+plots (`operator/local/report.py`).
 """
 
 from __future__ import annotations
@@ -25,17 +25,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from cadence.operator.capacity import knobs_of
-from cadence.operator.children import trainer_config
-from cadence.operator.localpool import Children
-from cadence.operator.loop import ControlLoop, LoopConfig
-from cadence.operator.resources import MultiTurnSpec, RolloutPool, TrainingRun
+from cadence.common.catalog import ACCELERATORS
+from cadence.common.stats import percentile
+from cadence.operator.api.resources import MultiTurnSpec, RolloutPool, TrainingRun
+from cadence.operator.api.settings import knobs_of, trainer_config
+from cadence.operator.control.loop import ControlLoop, LoopConfig
+from cadence.operator.local.processes import Children
 from cadence.operator.scheduler.registry import POLICIES
-from cadence.sim.catalog import ACCELERATORS
-from cadence.sim.stats import percentile
 from cadence.trainer.api import RunStats
 from cadence.trainer.client import TrainerClient, TrainerError
-from cadence.trainer.trainer import TrainerConfig
+from cadence.trainer.config import TrainerConfig
 from cadence.worker.api import WorkerState
 from cadence.worker.tinymodel import make_tiny_llama
 
@@ -128,8 +127,8 @@ async def run(
     workdir.mkdir(parents=True, exist_ok=True)
     model = Path(spec.model.path) if spec.model.path else make_tiny_llama(workdir / "model")
     token = secrets.token_hex(16)
-    config = trainer_config(training).model_copy(
-        update={"model_path": model, "state_dir": workdir / "trainer", "seed": options.seed}
+    config = trainer_config(training, model, workdir / "trainer").model_copy(
+        update={"seed": options.seed}
     )
     (workdir / "trainer.json").write_text(config.model_dump_json(indent=2))
     workers = pool_workers(pool)

@@ -1,0 +1,46 @@
+"""What a TrainingRun's spec sets in the components it drives: the scheduler's `Knobs`
+and the trainer's `TrainerConfig`. The operator and `cadence run` both build them here,
+so a run file means the same on a cluster and on one machine."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from cadence.operator.api.resources import SIZING_DELTA, SIZING_H_MIN, TrainingRun
+from cadence.operator.scheduler.snapshot import Knobs
+from cadence.trainer.config import TrainerConfig
+
+
+def knobs_of(run: TrainingRun) -> Knobs:
+    """The scheduler's knobs for `run` (auto floor and reserve sized as workers are)."""
+    s = run.spec.scheduler
+    return Knobs(
+        h_min=SIZING_H_MIN if s.h_min == "auto" else s.h_min,
+        delta=SIZING_DELTA if s.delta == "auto" else s.delta,
+        eta=s.eta,
+        min_decode=s.min_decode,
+        concentrate_without_fresh=s.concentrate_without_fresh,
+        auto_h_min=s.h_min == "auto",
+        auto_delta=s.delta == "auto",
+        control_period_s=s.control_period_s,
+    )
+
+
+def trainer_config(run: TrainingRun, model_path: Path, state_dir: Path) -> TrainerConfig:
+    """The trainer's settings for `run`, its model and state where the caller keeps them."""
+    s = run.spec
+    return TrainerConfig(
+        model_path=model_path,
+        state_dir=state_dir,
+        task=s.dataset.task,
+        group_size=s.batch.samples_per_prompt,
+        batch_groups=s.batch.prompts_per_batch,
+        iterations=s.batch.iterations,
+        eta=s.scheduler.eta,
+        learning_rate=s.trainer.learning_rate,
+        clip_eps=s.trainer.clip_eps,
+        epochs=s.trainer.epochs,
+        advantages=s.trainer.advantages,
+        max_tokens=s.batch.max_tokens,
+        temperature=s.batch.temperature,
+    )

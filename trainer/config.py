@@ -1,0 +1,32 @@
+"""A training run's trainer settings, apart from the trainer itself: the operator and
+`cadence run` build this from a TrainingRun without importing torch (`trainer.py` does)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class TrainerConfig(BaseModel):
+    """A training run's trainer side (the TrainingRun resource carries the same fields)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model_path: Path
+    state_dir: Path  # the ledger, published weights and optimizer state (a volume)
+    # A built-in task (prompts and verifier, trained here) or "external": prompts are
+    # submitted and batches trained by another trainer through the client (`client.py`).
+    task: Literal["digits", "arithmetic", "external"] = "digits"
+    group_size: int = Field(default=8, ge=2)  # samples per prompt
+    batch_groups: int = Field(default=8, ge=1)  # B
+    iterations: int = Field(default=20, ge=1)  # batches to train
+    eta: int = Field(default=1, ge=0)
+    learning_rate: float = Field(default=2e-2, ge=0.0)
+    clip_eps: float = Field(default=0.2, gt=0.0)
+    epochs: int = Field(default=1, ge=1)
+    advantages: Literal["group", "batch"] = "group"
+    max_tokens: int = Field(default=12, ge=1)
+    temperature: float = Field(default=1.0, ge=0.0)
+    seed: int = 0
