@@ -21,7 +21,7 @@ import yaml
 
 from .k8s_emulator import ApiError, KubernetesEmulator, call, serve, write_kubeconfig
 
-ROOT = Path(__file__).parents[2]
+ROOT = Path(__file__).parents[3]
 CRD_FILES = sorted((ROOT / "crds").glob("*.cadence.dev.yaml"))
 EXAMPLE = ROOT / "manifests" / "examples" / "trainingrun.yaml"
 CRDS = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"

@@ -37,7 +37,7 @@ from cadence.worker.tinymodel import make_tiny_llama
 
 from .k8s_emulator import ApiError, KubernetesEmulator, call, serve, write_kubeconfig
 
-ROOT = Path(__file__).parents[2]
+ROOT = Path(__file__).parents[3]
 EXAMPLE = ROOT / "manifests" / "examples" / "trainingrun.yaml"
 CRDS = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
 NS = "/apis/cadence.dev/v1alpha1/namespaces/default"

@@ -14,7 +14,7 @@ from cadence.operator.api.resources import API_VERSION
 from cadence.operator.kube.client import path
 from cadence.operator.kube.handlers import Reconciler, condition, settled
 
-EXAMPLE = Path(__file__).parents[2] / "manifests" / "examples" / "trainingrun.yaml"
+EXAMPLE = Path(__file__).parents[3] / "manifests" / "examples" / "trainingrun.yaml"
 
 
 def test_a_condition_keeps_its_transition_time_until_its_status_changes() -> None:

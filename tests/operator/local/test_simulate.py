@@ -13,7 +13,7 @@ from cadence.cli import main
 from cadence.operator.api.resources import load
 from cadence.operator.local.simulate import SimWorkload, scenario_of
 
-EXAMPLE = Path(__file__).parents[2] / "manifests" / "examples" / "trainingrun.yaml"
+EXAMPLE = Path(__file__).parents[3] / "manifests" / "examples" / "trainingrun.yaml"
 
 
 def test_the_example_becomes_a_scenario_of_the_same_pool_and_knobs() -> None:

@@ -9,7 +9,7 @@ import pytest
 
 from cadence.operator.api.resources import ResourceError, load
 
-EXAMPLE = Path(__file__).parents[2] / "manifests" / "examples" / "trainingrun.yaml"
+EXAMPLE = Path(__file__).parents[3] / "manifests" / "examples" / "trainingrun.yaml"
 
 
 def test_the_example_validates() -> None:

@@ -11,7 +11,7 @@ from cadence.operator.api.capacity import check_capacity, group_capacities
 from cadence.operator.api.resources import ResourceError, load
 from cadence.operator.api.settings import knobs_of
 
-EXAMPLE = Path(__file__).parents[2] / "manifests" / "examples" / "trainingrun.yaml"
+EXAMPLE = Path(__file__).parents[3] / "manifests" / "examples" / "trainingrun.yaml"
 
 
 def _load(tmp_path: Path, *edits: tuple[str, str]) -> Path:

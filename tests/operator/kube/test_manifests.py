@@ -23,7 +23,7 @@ from cadence.operator.kube import crds
 
 from .openapi import to_json_schema
 
-ROOT = Path(__file__).parents[2]
+ROOT = Path(__file__).parents[3]
 MANIFESTS = ROOT / "manifests"
 SCHEMAS = {
     k.name: crds.crd(k)["spec"]["versions"][0]["schema"]["openAPIV3Schema"] for k in crds.KINDS

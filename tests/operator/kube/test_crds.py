@@ -23,7 +23,7 @@ from cadence.operator.kube import crds
 
 from .openapi import apply_defaults, at, rules, to_json_schema
 
-ROOT = Path(__file__).parents[2]
+ROOT = Path(__file__).parents[3]
 EXAMPLE = ROOT / "manifests" / "examples" / "trainingrun.yaml"
 MODELS: dict[str, type[Any]] = {
     "RolloutPool": RolloutPool,

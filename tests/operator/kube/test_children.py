@@ -16,7 +16,7 @@ from cadence.operator.api.resources import RolloutGroup, load
 from cadence.operator.kube import children
 from cadence.operator.kube.children import WorkerView, choose_for_scale_in
 
-EXAMPLE = Path(__file__).parents[2] / "manifests" / "examples" / "heterogeneous.yaml"
+EXAMPLE = Path(__file__).parents[3] / "manifests" / "examples" / "heterogeneous.yaml"
 
 
 def _with_uid(model: Any, uid: str) -> dict[str, Any]:

@@ -22,7 +22,7 @@ from cadence.operator.local.processes import CADENCE
 from cadence.operator.local.run import pool_workers, vllm_workers
 from cadence.operator.scheduler.registry import DEFAULT_POLICIES
 
-EXAMPLE = Path(__file__).parents[2] / "manifests" / "examples" / "trainingrun.yaml"
+EXAMPLE = Path(__file__).parents[3] / "manifests" / "examples" / "trainingrun.yaml"
 
 
 def test_a_short_run_of_the_example_ends_every_sample_once(
