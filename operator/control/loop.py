@@ -102,6 +102,9 @@ class ControlLoop:
     # placed on with one call per host and phase.
     hosts: Mapping[str, Sequence[str]] = field(default_factory=dict)
     clock: Callable[[], float] = time.monotonic
+    # How worker and host clients reach their URLs (tests route them to in-process apps;
+    # None is the network). The trainer client is built by the caller, with its own.
+    transport: httpx.AsyncBaseTransport | None = None
     # Called with every cycle's observed states (a live view, a report's timeline).
     on_observe: Callable[[Mapping[str, WorkerState]], None] | None = None
     state: Any = None
@@ -129,12 +132,17 @@ class ControlLoop:
         for url, ws in self.hosts.items():
             self._add_host(url, ws)
         for wid, url in self.workers.items():
-            self._clients[wid] = WorkerClient(
-                url, self.token, timeout_s=self.config.state_timeout_s
-            )
+            self._clients[wid] = self._client(url)
+
+    def _client(self, url: str) -> WorkerClient:
+        return WorkerClient(
+            url, self.token, timeout_s=self.config.state_timeout_s, transport=self.transport
+        )
 
     def _add_host(self, url: str, ids: Sequence[str]) -> None:
-        self._hosts[url] = HostClient(url, self.token, timeout_s=self.config.state_timeout_s)
+        self._hosts[url] = HostClient(
+            url, self.token, timeout_s=self.config.state_timeout_s, transport=self.transport
+        )
         self._host_of.update(dict.fromkeys(ids, url))
 
     def add_workers(self, urls: Mapping[str, str], host: str | None = None) -> None:
@@ -144,9 +152,7 @@ class ControlLoop:
             self._add_host(host, list(urls))
         for wid, url in urls.items():
             self.workers[wid] = url
-            self._clients[wid] = WorkerClient(
-                url, self.token, timeout_s=self.config.state_timeout_s
-            )
+            self._clients[wid] = self._client(url)
 
     @property
     def lost(self) -> frozenset[str]:

@@ -1,0 +1,135 @@
+"""The control loop's reconcile, apply, requeue and lost-worker logic, in one process:
+the real worker and trainer apps over an ASGI router, emulated engines on a fake clock
+(`harness.py`). Each test drives cycles and decode steps itself, so none waits on time."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from cadence.operator.scheduler.snapshot import Knobs
+from cadence.worker.tinymodel import make_tiny_llama
+
+from .harness import LocalPool, trainer
+
+KNOBS = Knobs(h_min=16, delta=8, eta=1, min_decode=1, auto_h_min=True, auto_delta=True)
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny_llama(tmp_path_factory.mktemp("tiny"))
+
+
+@pytest.fixture
+def pool(model: Path, tmp_path: Path) -> Iterator[LocalPool]:
+    t = trainer(model, tmp_path / "trainer")
+    yield LocalPool(t)
+    t.ledger.close()
+
+
+def test_a_batch_is_placed_decoded_and_delivered_once_through_the_endpoints(
+    pool: LocalPool,
+) -> None:
+    pool.add_worker("w0")
+    pool.add_worker("w1")
+
+    async def go() -> None:
+        loop = pool.loop(KNOBS)
+        for _ in range(40):
+            await loop.cycle()
+            await pool.decode(steps=4)
+            if pool.trainer.ledger.counts().get("delivered", 0) == 8:
+                break
+        await loop.aclose()
+        assert loop.totals["place"] >= 8 and loop.totals["errors"] == 0
+
+    asyncio.run(go())
+    ledger = pool.trainer.ledger
+    # Two batches of two groups of two: admission under eta = 1 admits both at version 0.
+    assert ledger.counts() == {"delivered": 8, "failed": 0}
+    assert ledger.accepted_twice() == 0
+    assert sum(core.counts["finished"] for core in pool.cores.values()) == 8
+
+
+def test_a_sample_no_worker_holds_is_requeued_under_a_new_attempt(pool: LocalPool) -> None:
+    core = pool.add_worker("w0")
+
+    async def go() -> None:
+        loop = pool.loop(KNOBS)
+        await loop.cycle()  # admits
+        await loop.cycle()  # places
+        placed = sorted(core.resident)
+        assert placed
+        lost = placed[0]
+        core.engine.abort(lost)  # the worker forgets it (a crash between two reads)
+        del core.resident[lost]
+        report = await loop.cycle()
+        assert report.requeued == 1
+        sample = pool.trainer.ledger.sample(lost)
+        assert sample.attempt == 1
+        # The next cycles place it again and it completes, once, under that attempt.
+        for _ in range(40):
+            await pool.decode(steps=4)
+            await loop.cycle()
+            if pool.trainer.ledger.sample(lost).state == "delivered":
+                break
+        await loop.aclose()
+
+    asyncio.run(go())
+    assert pool.trainer.ledger.accepted_twice() == 0
+    assert pool.trainer.ledger.arrivals().get("accepted", 0) >= 1
+
+
+def test_a_silent_worker_is_declared_lost_after_lost_after_s_and_its_work_moves(
+    pool: LocalPool,
+) -> None:
+    pool.add_worker("w0")
+    survivor = pool.add_worker("w1")
+
+    async def go() -> None:
+        loop = pool.loop(KNOBS, lost_after_s=5.0)
+        await loop.cycle()  # admits
+        await loop.cycle()  # places
+        on_w0 = {s.id for s in pool.trainer.ledger.samples("placed") if s.worker == "w0"}
+        assert on_w0
+        pool.router.down.add("w0")
+        report = await loop.cycle()
+        assert report.lost == [] and report.requeued == 0  # silent, not yet lost
+        pool.clock.work(5.0)
+        report = await loop.cycle()
+        assert report.lost == ["w0"] and report.requeued == len(on_w0)
+        for _ in range(40):
+            await loop.cycle()
+            await pool.decode(steps=4)
+            if all(pool.trainer.ledger.sample(s).state == "delivered" for s in on_w0):
+                break
+        await loop.aclose()
+        assert loop.lost == frozenset({"w0"})
+
+    asyncio.run(go())
+    ledger = pool.trainer.ledger
+    assert ledger.counts() == {"delivered": 8, "failed": 0} and ledger.accepted_twice() == 0
+    assert survivor.counts["finished"] == 8
+
+
+def test_a_placement_the_worker_refuses_goes_back_and_is_placed_later(pool: LocalPool) -> None:
+    pool.add_worker("w0")
+
+    async def go() -> None:
+        loop = pool.loop(KNOBS)
+        await loop.cycle()  # admits
+        pool.router.full.add("w0")
+        report = await loop.cycle()
+        assert report.actions["place"] > 0 and report.errors == report.actions["place"]
+        ledger = pool.trainer.ledger
+        assert ledger.counts().get("placed", 0) == 0  # every refused sample went back
+        assert {s.state for s in ledger.samples()} == {"fresh"}
+        pool.router.full.clear()
+        report = await loop.cycle()
+        assert report.errors == 0 and ledger.counts()["placed"] == report.actions["place"]
+        await loop.aclose()
+
+    asyncio.run(go())
