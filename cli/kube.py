@@ -1,0 +1,74 @@
+"""The Kubernetes side: `cadence operator` (the kopf operator) and `cadence crds` (the
+CustomResourceDefinitions generated from the resource models).
+
+kopf and the Kubernetes client are imported inside the commands, so that nothing else
+needs them installed or waits for them.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from cadence.cli.common import Commands, RunFailed, UsageError, at_least
+
+
+def _cmd_operator(args: argparse.Namespace) -> int:
+    if args.all_namespaces == bool(args.namespace):
+        raise UsageError("give --all-namespaces or one or more --namespace")
+    from cadence.operator.kube.serve import serve  # noqa: PLC0415
+
+    serve(
+        namespaces=args.namespace or [],
+        server=args.server,
+        metrics_port=args.metrics_port,
+        health_port=args.health_port,
+    )
+    return 0
+
+
+def _cmd_crds(args: argparse.Namespace) -> int:
+    from cadence.operator.kube import crds  # noqa: PLC0415
+
+    if args.check:
+        stale = [
+            name
+            for name, text in crds.rendered().items()
+            if not (args.out / name).is_file() or (args.out / name).read_text() != text
+        ]
+        if stale:
+            raise RunFailed(f"{args.out} is stale ({', '.join(stale)}); run cadence crds")
+        return 0
+    for path in crds.write(args.out):
+        print(path)
+    return 0
+
+
+def add_operator(sub: Commands) -> None:
+    """`cadence operator`."""
+    op = sub.add_parser(
+        "operator",
+        help="run the Kubernetes operator (kopf): pools, groups and runs reconciled",
+        description="Reconcile RolloutPools, RolloutGroups and TrainingRuns: worker pods "
+        "per group, the trainer per run, statuses and Events. In a pod it uses the service "
+        "account; --server points it at another API server.",
+    )
+    op.add_argument("--namespace", action="append", help="watch this namespace (repeatable)")
+    op.add_argument("--all-namespaces", action="store_true", help="watch every namespace")
+    op.add_argument("--server", help="API server URL (default: in-cluster)")
+    op.add_argument("--metrics-port", type=at_least(1), default=9090)
+    op.add_argument("--health-port", type=at_least(1), default=8080)
+    op.set_defaults(run=_cmd_operator)
+
+
+def add_crds(sub: Commands) -> None:
+    """`cadence crds`."""
+    cr = sub.add_parser(
+        "crds",
+        help="write the CustomResourceDefinitions generated from the resource models",
+        description="Write the CRDs of RolloutPool, RolloutGroup and TrainingRun, generated "
+        "from the pydantic models cadence run validates with, into --out.",
+    )
+    cr.add_argument("--out", type=Path, default=Path("crds"), help="folder (default: crds)")
+    cr.add_argument("--check", action="store_true", help="exit 1 if --out differs; write nothing")
+    cr.set_defaults(run=_cmd_crds)

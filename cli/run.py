@@ -1,0 +1,129 @@
+"""`cadence run`: the whole system on this machine from a RolloutPool and TrainingRun file.
+
+Its own module because it is the one command that composes the operator's local runtime
+(trainer, workers and environment as child processes, the control loop here) with the
+live view and the report; those imports stay inside the command, for they bring torch
+and matplotlib.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import tempfile
+from pathlib import Path
+
+from rich.console import Console
+
+from cadence.cli.common import Commands, RunFailed, UsageError, at_least
+from cadence.operator.scheduler.registry import POLICIES
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from cadence.operator.api.resources import ResourceError, load  # noqa: PLC0415
+
+    try:
+        pool, training = load(args.file)
+    except ResourceError as e:
+        raise UsageError(str(e)) from None
+    if training.spec.dataset.task == "external":
+        raise UsageError(
+            "cadence run trains a built-in task; dataset.task external needs a trainer"
+        )
+    if args.policy is not None and args.compare is not None:
+        raise UsageError("give --policy or --compare, not both")
+    policies = [args.policy] if args.compare is None else args.compare.split(",")
+    for name in policies:
+        if name is not None and name not in POLICIES:
+            raise UsageError(f"unknown policy {name!r}; known: {', '.join(POLICIES)}")
+    if args.compression <= 0:
+        raise UsageError("--compression must be positive")
+    if args.chaos is not None and args.chaos <= 0:
+        raise UsageError("--chaos takes the seconds between faults, a positive number")
+    # Imported here: torch and matplotlib take seconds to import.
+    from rich.live import Live  # noqa: PLC0415
+
+    from cadence.operator.local import live, report  # noqa: PLC0415
+    from cadence.operator.local import run as local  # noqa: PLC0415
+
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="cadence-run-"))
+    for name in policies:
+        folder = workdir if len(policies) == 1 else workdir / str(name)
+        if (folder / "trainer").exists():
+            raise UsageError(f"{folder} already holds a run; give a new --workdir")
+    console = Console(stderr=True)
+    show = args.live if args.live is not None else console.is_terminal
+    results = []
+    for name in policies:
+        options = local.RunOptions(
+            policy=name,
+            hosts=args.hosts,
+            compression=args.compression,
+            engine=args.engine,
+            chaos_every_s=args.chaos or 0.0,
+            seed=args.seed,
+        )
+        folder = workdir if len(policies) == 1 else workdir / str(name)
+        view = Live(console=console, refresh_per_second=4, transient=True) if show else None
+        shown = None if view is None else (lambda p, v=view: v.update(live.render(p)))
+        with view or contextlib.nullcontext():
+            try:
+                result = asyncio.run(local.run(pool, training, folder, options, shown))
+            except RuntimeError as e:
+                raise RunFailed(str(e)) from None
+        result.measures["workdir"] = str(folder)
+        results.append(result)
+    page = report.write(workdir, results)
+    Console(stderr=True).print(report.table(results))
+    console.print(f"report: {page}")
+    document = results[0].measures if len(results) == 1 else {"runs": [r.measures for r in results]}
+    if args.json is not None:
+        args.json.write_text(json.dumps(document, indent=2) + "\n")
+    print(json.dumps(document), flush=True)
+    return 0
+
+
+def add_run(sub: Commands) -> None:
+    """`cadence run FILE`."""
+    rn = sub.add_parser(
+        "run",
+        help="run a RolloutPool and TrainingRun on this machine (emulated or vllm-cpu)",
+        description="Run the whole system on this machine from a YAML file holding a "
+        "RolloutPool and a TrainingRun: the trainer, the pool's workers (emulated, several "
+        "per host process, or vllm-cpu), the reference environment for multi-turn runs, "
+        "each its own process, and the control loop here, until every batch is trained. "
+        "Shows a live view on a terminal; writes a report (run.json, report.html, PNGs) in "
+        "the run's folder and prints the measures as JSON.",
+    )
+    rn.add_argument("file", type=Path, help="YAML with a RolloutPool and a TrainingRun")
+    rn.add_argument("--json", type=Path, help="also write the measures here")
+    rn.add_argument("--policy", help="override the run's scheduler policy")
+    rn.add_argument(
+        "--compare",
+        metavar="A,B,...",
+        help="run the same file under each policy in turn and print them side by side",
+    )
+    rn.add_argument("--hosts", type=at_least(1), default=2, help="worker host processes")
+    rn.add_argument("--compression", type=float, default=1.0, help="time compression factor")
+    rn.add_argument(
+        "--engine",
+        choices=["emulated", "vllm"],
+        default="emulated",
+        help="emulated accelerators (default) or vLLM on the CPU (at most 3 workers here)",
+    )
+    rn.add_argument(
+        "--chaos",
+        type=float,
+        metavar="SECONDS",
+        help="kill a random worker process every SECONDS and start a replacement",
+    )
+    rn.add_argument("--seed", type=int, default=0, help="seeds the trainer and --chaos")
+    rn.add_argument(
+        "--live",
+        action=argparse.BooleanOptionalAction,
+        help="show the live view (default: when stderr is a terminal)",
+    )
+    rn.add_argument("--workdir", type=Path, help="keep the run's files here (default: temp)")
+    rn.set_defaults(run=_cmd_run)

