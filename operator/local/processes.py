@@ -14,6 +14,7 @@ import sys
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from pathlib import Path
+from typing import IO
 
 import httpx
 import uvicorn
@@ -70,45 +71,39 @@ def worker_processes(
 ) -> Iterator[Workers]:
     """`cadence worker` processes, one per id with `args(id)` added, each on a free port;
     yields {id: URL} once all are healthy, and stops them (SIGTERM, then kill). Output
-    goes to `logs/<id>.log` when `logs` is given, else nowhere."""
-    urls, procs = Workers(), []
+    goes to `logs/<id>.log` when `logs` is given, else nowhere. The synchronous face of
+    `Children`, for callers without an event loop."""
+    children, urls = Children(logs, env, grace_s=30.0, cwd=cwd), Workers()
     try:
         for wid in ids:
-            port = free_port()
-            urls[wid] = f"http://127.0.0.1:{port}"
-            cmd = [*CADENCE, "worker", "--id", wid, "--port", str(port), *args(wid)]
-            out = (logs / f"{wid}.log").open("wb") if logs is not None else subprocess.DEVNULL
-            proc = subprocess.Popen(
-                cmd, cwd=cwd, env={**os.environ, **env}, stdout=out, stderr=subprocess.STDOUT
-            )
-            procs.append(proc)
-            urls.processes[wid] = proc
-        wait_healthy(urls.values(), procs, within_s=within_s)
+            urls[wid] = children.start(wid, ["worker", "--id", wid, *args(wid)])
+            urls.processes[wid] = children.processes[wid]
+        wait_healthy(urls.values(), list(urls.processes.values()), within_s=within_s)
         yield urls
     finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        children.stop()
 
 
 class Children:
-    """Named `cadence` child processes, each on a free port with its log in `logs/`;
-    an async context that stops every one on the way out, however it is left (an error,
-    Ctrl-C): SIGTERM, which drains a worker, then SIGKILL after `grace_s`."""
+    """Named `cadence` child processes, each on a free port with its log in `logs/` (or
+    none); an async context that stops every one on the way out, however it is left (an
+    error, Ctrl-C): SIGTERM, which drains a worker, then SIGKILL after `grace_s`."""
 
-    def __init__(self, logs: Path, env: dict[str, str], grace_s: float = 10.0) -> None:
+    def __init__(
+        self,
+        logs: Path | None,
+        env: dict[str, str],
+        grace_s: float = 10.0,
+        cwd: Path | None = None,
+    ) -> None:
         self.logs = logs
         self.env = {**os.environ, **env}
         self.grace_s = grace_s
+        self.cwd = cwd
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
         self.urls: dict[str, str] = {}
 
     async def __aenter__(self) -> Children:
-        self.logs.mkdir(parents=True, exist_ok=True)
         return self
 
     async def __aexit__(self, *_: object) -> None:
@@ -117,15 +112,20 @@ class Children:
     def start(self, name: str, args: Sequence[str]) -> str:
         """Start `cadence ARGS --port P`; returns its URL (not yet healthy)."""
         port = free_port()
-        out = (self.logs / f"{name}.log").open("ab")
+        out: IO[bytes] | int = subprocess.DEVNULL
+        if self.logs is not None:
+            self.logs.mkdir(parents=True, exist_ok=True)
+            out = (self.logs / f"{name}.log").open("ab")
         self.processes[name] = subprocess.Popen(
             [*CADENCE, *args, "--port", str(port)],
+            cwd=self.cwd,
             env=self.env,
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,  # Ctrl-C reaches this process only; it stops them
         )
-        out.close()
+        if not isinstance(out, int):
+            out.close()
         self.urls[name] = f"http://127.0.0.1:{port}"
         return self.urls[name]
 
@@ -139,10 +139,8 @@ class Children:
                         return
                 code = self.processes[name].poll()
                 if code is not None:
-                    log = self.logs / f"{name}.log"
-                    raise RuntimeError(
-                        f"{name} exited with status {code} while starting; see {log}"
-                    )
+                    where = f"; see {self.logs / f'{name}.log'}" if self.logs else ""
+                    raise RuntimeError(f"{name} exited with status {code} while starting{where}")
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"{name} did not become healthy within {within_s:.0f} s")
                 await asyncio.sleep(0.2)
