@@ -1,5 +1,6 @@
-"""Control plane: the scheduler (a pure library), and later the control loop, the API
-models and the kopf operator.
+"""Control plane: the scheduler (`scheduler/`, a pure library), the control loop
+(`control/`), the custom resources (`api/`), the kopf operator (`kube/`) and `cadence run`
+on one machine (`local/`).
 
 Installed as `cadence.operator`. The folder keeps the name `operator/` that the project
 layout gives it, which is also the name of a standard-library module that `collections`

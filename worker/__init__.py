@@ -1,4 +1,4 @@
-"""Data plane: the rollout worker service and its engines (vLLM, emulated).
-
-Installed as `cadence.worker`. Empty until the worker service is built.
-"""
+"""Data plane: the rollout worker service (`core.py`, `app.py`, a host of several
+workers in `host.py`) and its engines behind one interface (`engine.py`): vLLM, and the
+emulated engine for machines without the accelerator a pool describes. Installed as
+`cadence.worker`; it imports nothing of the operator, trainer or simulator."""
