@@ -379,14 +379,13 @@ class Scheduling(_Strict):
         return SIZING_DELTA if self.delta == "auto" else self.delta
 
     def knobs(self) -> Knobs:
-        return Knobs(
-            h_min=self.h_min_tokens,
-            delta=self.delta_tokens,
+        return Knobs.from_spec(
+            self.h_min,
+            self.delta,
+            sizing=(SIZING_H_MIN, SIZING_DELTA),
             eta=self.eta,
             min_decode=self.min_decode,
             concentrate_without_fresh=self.concentrate_without_fresh,
-            auto_h_min=self.h_min == "auto",
-            auto_delta=self.delta == "auto",
             control_period_s=self.control_period_s,
         )
 

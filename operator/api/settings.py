@@ -14,14 +14,13 @@ from cadence.trainer.config import TrainerConfig
 def knobs_of(run: TrainingRun) -> Knobs:
     """The scheduler's knobs for `run` (auto floor and reserve sized as workers are)."""
     s = run.spec.scheduler
-    return Knobs(
-        h_min=SIZING_H_MIN if s.h_min == "auto" else s.h_min,
-        delta=SIZING_DELTA if s.delta == "auto" else s.delta,
+    return Knobs.from_spec(
+        s.h_min,
+        s.delta,
+        sizing=(SIZING_H_MIN, SIZING_DELTA),
         eta=s.eta,
         min_decode=s.min_decode,
         concentrate_without_fresh=s.concentrate_without_fresh,
-        auto_h_min=s.h_min == "auto",
-        auto_delta=s.delta == "auto",
         control_period_s=s.control_period_s,
     )
 

@@ -48,10 +48,6 @@ class StepCost:
         memory = self.weights_s + self.kv_token_s * kv_tokens
         return self.overhead_s + max(memory, self.seq_s * sequences)
 
-    def compute_bound(self, sequences: int, kv_tokens: int) -> bool:
-        """Whether a step of this batch is paced by compute rather than memory."""
-        return self.seq_s * sequences > self.weights_s + self.kv_token_s * kv_tokens
-
     def saturated(self, sequences: int, kv_tokens: int) -> bool:
         """Whether a step of this batch takes over twice an empty step: its KV reads or
         its compute have outgrown reading the weights, so each resident added costs every

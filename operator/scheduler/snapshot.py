@@ -18,6 +18,7 @@ from _operator import attrgetter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import Literal
 
 from cadence.operator.scheduler.cost import StepCost
 from cadence.operator.scheduler.errors import ConfigError
@@ -174,6 +175,31 @@ class Knobs:
             raise ConfigError(
                 f"the control period is {self.control_period_s} s; it must be finite and > 0"
             )
+
+    @classmethod
+    def from_spec(
+        cls,
+        h_min: int | Literal["auto"],
+        delta: int | Literal["auto"],
+        *,
+        sizing: tuple[int, int],
+        eta: int,
+        min_decode: int,
+        concentrate_without_fresh: bool,
+        control_period_s: float,
+    ) -> Knobs:
+        """Knobs from a spec whose floor and reserve are pinned tokens or "auto": auto is
+        derived per worker each cycle, and `sizing` (floor, reserve) sizes the pool."""
+        return cls(
+            h_min=sizing[0] if h_min == "auto" else h_min,
+            delta=sizing[1] if delta == "auto" else delta,
+            eta=eta,
+            min_decode=min_decode,
+            concentrate_without_fresh=concentrate_without_fresh,
+            auto_h_min=h_min == "auto",
+            auto_delta=delta == "auto",
+            control_period_s=control_period_s,
+        )
 
 
 # C-level key getters: snapshots sort tens of thousands of items every cycle.

@@ -11,10 +11,14 @@ from cadence.operator.scheduler.cost import floor_shortfall, floor_warning
 def test_a_step_is_paced_by_memory_until_compute_overtakes_it() -> None:
     cost = StepCost(weights_s=0.010, kv_token_s=1e-7, seq_s=0.001, overhead_s=0.001)
     assert cost.step_s(5, 0) == pytest.approx(0.011)  # weights read once
-    assert not cost.compute_bound(10, 0)
-    assert cost.compute_bound(11, 0)
-    assert not cost.compute_bound(11, 20_000)  # more KV to read moves the knee out
-    assert cost.step_s(20, 0) == pytest.approx(0.021)
+    assert cost.step_s(20, 0) == pytest.approx(0.021)  # compute overtook the weights
+    assert cost.step_s(5, 200_000) == pytest.approx(0.031)  # KV reads did
+
+
+def test_a_worker_is_saturated_once_a_step_takes_over_twice_an_empty_one() -> None:
+    cost = StepCost(weights_s=0.010, kv_token_s=1e-7, seq_s=0.001, overhead_s=0.0)
+    assert not cost.saturated(20, 0) and cost.saturated(21, 0)
+    assert not cost.saturated(1, 100_000) and cost.saturated(1, 100_001)
 
 
 def test_a_floor_short_of_one_periods_growth_is_named() -> None:

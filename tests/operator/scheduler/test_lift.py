@@ -3,7 +3,9 @@ workers with room, when the move pays, and never down in affinity."""
 
 from __future__ import annotations
 
-from cadence.operator.scheduler import CadencePolicy, EvictReason, plan
+import pytest
+
+from cadence.operator.scheduler import CadencePolicy, ConfigError, EvictReason, plan
 
 from .factories import make_cost, make_fresh, make_knobs, make_snapshot, make_worker
 from .helpers import evictions, placed_on
@@ -60,3 +62,9 @@ def test_without_step_costs_nothing_moves_and_the_ablation_turns_it_off() -> Non
     fast = make_worker("fast", affinity=1, capacity=10_000, cost=FAST)
     snap = make_snapshot([slow, fast], knobs=make_knobs())
     assert CadencePolicy(lift=False).plan(snap, CadencePolicy().initial_state())[0] == []
+
+
+def test_a_lift_switch_that_is_not_a_boolean_is_refused() -> None:
+    # "false" from a settings file is truthy: taken as given it would turn lift on.
+    with pytest.raises(ConfigError, match="'false' is not true or false"):
+        CadencePolicy(lift="false")  # type: ignore[arg-type]
