@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 
@@ -52,7 +52,26 @@ def path_of(obj: Mapping[str, Any], name: bool = True) -> str:
     )
 
 
+class KubeApi(Protocol):
+    """What the handlers need of the Kubernetes API: these five verbs on the objects the
+    operator owns. `Kube` speaks them over HTTP; tests give an in-memory one."""
+
+    async def get(self, url: str) -> dict[str, Any] | None: ...
+
+    async def list(
+        self, url: str, labels: Mapping[str, str] | None = None
+    ) -> list[dict[str, Any]]: ...
+
+    async def ensure(self, obj: Mapping[str, Any]) -> tuple[dict[str, Any], bool]: ...
+
+    async def patch(self, url: str, body: Mapping[str, Any]) -> dict[str, Any]: ...
+
+    async def delete(self, url: str) -> bool: ...
+
+
 class Kube:
+    """`KubeApi` over HTTP, with the service account's token in a pod."""
+
     def __init__(
         self,
         server: str,

@@ -4,15 +4,14 @@ the run handler never writes a phase over its control loop's."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from cadence.operator.api.resources import API_VERSION
-from cadence.operator.kube.client import path
 from cadence.operator.kube.handlers import Reconciler, condition, settled
+
+from .memory_kube import MemoryKube
 
 EXAMPLE = Path(__file__).parents[3] / "manifests" / "examples" / "trainingrun.yaml"
 
@@ -32,23 +31,6 @@ def test_a_condition_keeps_its_transition_time_until_its_status_changes() -> Non
     assert fresh[0]["lastTransitionTime"].endswith("Z")
 
 
-class _FakeKube:
-    """Objects by API path; what the run handler reads and writes."""
-
-    def __init__(self, objects: dict[str, dict[str, Any]]) -> None:
-        self.objects = objects
-
-    async def get(self, url: str) -> dict[str, Any] | None:
-        return self.objects.get(url)
-
-    async def ensure(self, obj: Mapping[str, Any]) -> tuple[dict[str, Any], bool]:
-        return dict(obj), True
-
-    async def patch(self, url: str, body: Mapping[str, Any]) -> dict[str, Any]:
-        self.objects.setdefault(url, {}).update(body)
-        return dict(body)
-
-
 def _example(kind: str) -> dict[str, Any]:
     return next(d for d in yaml.safe_load_all(EXAMPLE.read_text()) if d and d["kind"] == kind)
 
@@ -56,9 +38,9 @@ def _example(kind: str) -> dict[str, Any]:
 def test_the_run_handler_leaves_a_running_runs_phase_to_its_control_loop() -> None:
     """The handler may read a run just before its loop writes Succeeded; what it returns
     must not carry a phase that would overwrite it (a run was seen stuck in Running)."""
-    pool = {**_example("RolloutPool"), "status": {"run": "digits"}}
-    kube = _FakeKube({path(API_VERSION, "rolloutpools", "default", "mixed"): pool})
-    reconciler = Reconciler(kube)  # type: ignore[arg-type]
+    kube = MemoryKube()
+    kube.put({**_example("RolloutPool"), "status": {"run": "digits"}})
+    reconciler = Reconciler(kube)
     run = _example("TrainingRun")
     run["metadata"].update(namespace="default", uid="d1")  # the server sets the uid
     events: list[tuple[str, str]] = []
