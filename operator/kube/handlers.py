@@ -27,7 +27,7 @@ import base64
 import datetime
 import logging
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -51,7 +51,7 @@ from cadence.operator.api.settings import knobs_of
 from cadence.operator.control.group_stats import GroupShape, group_stats
 from cadence.operator.control.loop import ControlLoop, LoopConfig
 from cadence.operator.kube import children
-from cadence.operator.kube.client import Kube, KubeError, path
+from cadence.operator.kube.client import KubeApi, KubeError, path
 from cadence.operator.kube.metrics import OperatorMetrics, RunSeries
 from cadence.operator.scheduler.registry import POLICIES
 from cadence.trainer.client import TrainerClient, TrainerError
@@ -131,11 +131,15 @@ def _waiting(body: Mapping[str, Any], reason: str, message: str, events: Events)
 
 @dataclass
 class Reconciler:
-    kube: Kube
+    kube: KubeApi
     endpoint: Callable[[Mapping[str, Any]], str | None] = pod_endpoint
     trainer_endpoint: Callable[[TrainingRun], str] = children.trainer_url
     status_every_s: float = 2.0  # a run's status is patched at most this often
     metrics: OperatorMetrics = field(default_factory=OperatorMetrics)
+    # Handler runs that finished (an invalid object's too; not one that raised), per
+    # (plural, namespace, name), whatever started them (a change, the timer): how a test
+    # knows an object has been reconciled again since it last looked.
+    reconciles: Counter[tuple[str, str, str]] = field(default_factory=Counter)
 
     def _pool_url(self, namespace: str, name: str | None = None) -> str:
         return path(API_VERSION, "rolloutpools", namespace, name)
@@ -537,18 +541,31 @@ class _RunReporter:
         self.seen, self.reported_lost = totals, self.loop.lost
 
 
-def register(registry: kopf.OperatorRegistry, reconciler: Reconciler) -> None:
-    """The kopf handlers, on `registry` (tests pass a fresh one)."""
+def register(
+    registry: kopf.OperatorRegistry, reconciler: Reconciler, *, timer_interval_s: float = 5.0
+) -> None:
+    """The kopf handlers, on `registry` (tests pass a fresh one). Each object is also
+    reconciled every `timer_interval_s` seconds, which is what notices changes no handler
+    is called for (a pool released, a run deleted, a pod gone)."""
 
     # A state an object is in (waiting, invalid) is announced when it enters it, not on
     # every retry of its handlers: the last one announced per object.
     said: dict[tuple[str, str, str], tuple[str, str]] = {}
 
+    # kopf runs an object's timer beside its change handlers, not after them: two runs of
+    # one object's reconciler at once would both act on what they saw (a group scaled in
+    # by its update handler and its timer lost two pods, not one). One at a time.
+    busy: defaultdict[tuple[str, str, str], asyncio.Lock] = defaultdict(asyncio.Lock)
+
     def handle(kind: str, call: Callable[[Mapping[str, Any], Events], Any]) -> Callable[..., Any]:
         async def handler(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
+            key = (kind, body["metadata"].get("namespace", ""), body["metadata"]["name"])
+            async with busy[key]:
+                await reconcile(key, body, patch)
+
+        async def reconcile(key: tuple[str, str, str], body: kopf.Body, patch: kopf.Patch) -> None:
             events: Events = []
             before = (body.get("status") or {}).get("conditions") or []
-            key = (kind, body["metadata"].get("namespace", ""), body["metadata"]["name"])
             try:
                 status = await call(body, events)
             except Invalid as e:
@@ -575,6 +592,7 @@ def register(registry: kopf.OperatorRegistry, reconciler: Reconciler) -> None:
                 post(body, reason=reason, message=message)
             if not any(reason in STATES for reason, _ in events):
                 said.pop(key, None)
+            reconciler.reconciles[key] += 1
 
         return handler
 
@@ -588,7 +606,8 @@ def register(registry: kopf.OperatorRegistry, reconciler: Reconciler) -> None:
         kopf.on.resume(*resource, id=f"{plural}-resume", registry=registry)(handler)
         kopf.on.create(*resource, id=f"{plural}-create", registry=registry)(handler)
         kopf.on.update(*resource, id=f"{plural}-update", field="spec", registry=registry)(handler)
-        kopf.timer(*resource, id=f"{plural}-timer", interval=5.0, registry=registry)(handler)
+        every = timer_interval_s
+        kopf.timer(*resource, id=f"{plural}-timer", interval=every, registry=registry)(handler)
 
     async def control(body: kopf.Body, stopped: kopf.DaemonStopped, **_: Any) -> None:
         await reconciler.control(body, stopped)

@@ -17,10 +17,15 @@ from cadence.operator.kube.handlers import Reconciler, register
 
 
 def operator_registry(
-    kube: Kube, server: str | None, reconciler: Reconciler | None = None
+    kube: Kube,
+    server: str | None,
+    reconciler: Reconciler | None = None,
+    *,
+    timer_interval_s: float = 5.0,
 ) -> kopf.OperatorRegistry:
     """The operator's handlers on a fresh registry; `reconciler` replaces the default
-    one (tests give workers' and the trainer's endpoints on this machine)."""
+    one (tests give workers' and the trainer's endpoints on this machine). Every object
+    is reconciled again each `timer_interval_s` seconds."""
     registry = kopf.OperatorRegistry()
 
     @kopf.on.login(registry=registry)
@@ -29,7 +34,7 @@ def operator_registry(
             return kopf.ConnectionInfo(server=server, insecure=True)
         return kopf.login_with_service_account(**kwargs)
 
-    register(registry, reconciler or Reconciler(kube))
+    register(registry, reconciler or Reconciler(kube), timer_interval_s=timer_interval_s)
     return registry
 
 
@@ -39,6 +44,7 @@ def serve(
     server: str | None,
     metrics_port: int,
     health_port: int,
+    timer_interval_s: float = 5.0,
 ) -> None:
     async def main() -> None:
         kube = Kube(server) if server is not None else Kube.in_cluster()
@@ -46,7 +52,9 @@ def serve(
         REGISTRY.register(reconciler.metrics)
         try:
             await kopf.operator(
-                registry=operator_registry(kube, server, reconciler),
+                registry=operator_registry(
+                    kube, server, reconciler, timer_interval_s=timer_interval_s
+                ),
                 standalone=True,
                 clusterwide=not namespaces,
                 namespaces=namespaces,
