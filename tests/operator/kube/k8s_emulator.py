@@ -28,6 +28,11 @@ below closes those gaps:
 - `/scale` is mapped through the CRD's `specReplicasPath`, `statusReplicasPath` and
   `labelSelectorPath`: GET returns an `autoscaling/v1` Scale, PATCH/PUT of
   `spec.replicas` writes the object's replicas field.
+- a JSON patch whose `test` fails (kopf tests `resourceVersion` when it patches
+  finalizers and annotations) is refused with 422, as kube-apiserver refuses it; kmock
+  answered 500, on which kopf re-sent the same stale patch up to 9 times with back-off,
+  stalling that object's handling (seen once objects were written every fraction of a
+  second).
 
 Still missing: label and field selectors, server-side apply, OpenAPI (apply with
 `kubectl --validate=false`), protobuf, PUT of whole objects, real `/status` semantics
@@ -58,6 +63,7 @@ from typing import Any
 
 import aiohttp.web
 import attrs
+import jsonpatch
 import kmock
 from kmock._internal.dicts import patch_dict
 
@@ -125,7 +131,10 @@ class KubernetesEmulator(kmock.KubernetesEmulator):
             if request.resource == CRDS:
                 self._register_crd(request.data)
         elif request.action == kmock.action.UPDATE:
-            self._stamp_patch(request)
+            try:
+                self._stamp_patch(request)
+            except jsonpatch.JsonPatchTestFailed as e:
+                return _failure(422, "Invalid", f"the patch's test failed: {e}")
         response = await super()._handle(request)
         if request.action in {kmock.action.DELETE, kmock.action.UPDATE}:
             await self._collect_garbage()
@@ -391,6 +400,14 @@ class KubernetesEmulator(kmock.KubernetesEmulator):
             level = level.setdefault(key, {})
         level[leaf] = replicas
         return patch
+
+
+def _failure(code: int, reason: str, message: str) -> aiohttp.web.Response:
+    """An error as kube-apiserver answers it: a `Status` object."""
+    status = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure"}
+    return aiohttp.web.json_response(
+        {**status, "message": message, "reason": reason, "code": code}, status=code
+    )
 
 
 def _amend(request: kmock.Request, **fields: Any) -> None:

@@ -9,7 +9,6 @@ import json
 import re
 import subprocess
 import threading
-import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -19,11 +18,12 @@ import kopf
 import pytest
 import yaml
 
+from tests.helpers import ROOT, TRAINING_RUN, eventually, example
+
 from .k8s_emulator import ApiError, KubernetesEmulator, call, serve, write_kubeconfig
 
-ROOT = Path(__file__).parents[3]
 CRD_FILES = sorted((ROOT / "crds").glob("*.cadence.dev.yaml"))
-EXAMPLE = ROOT / "manifests" / "examples" / "trainingrun.yaml"
+EXAMPLE = TRAINING_RUN
 CRDS = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
 CADENCE = "/apis/cadence.dev/v1alpha1"
 DEFAULT = f"{CADENCE}/namespaces/default"
@@ -33,24 +33,10 @@ def _load(path: Path) -> list[dict[str, Any]]:
     return [doc for doc in yaml.safe_load_all(path.read_text()) if doc]
 
 
-def _example(kind: str) -> dict[str, Any]:
-    return next(doc for doc in _load(EXAMPLE) if doc["kind"] == kind)
-
-
 def _apply_crds(url: str) -> None:
     for path in CRD_FILES:
         for crd in _load(path):
             call(url, "POST", CRDS, crd)
-
-
-def _eventually(probe: Callable[[], Any], timeout: float = 5.0) -> Any:
-    """The first truthy result of probe(), polled for up to timeout seconds."""
-    deadline = time.monotonic() + timeout
-    while not (result := probe()):
-        if time.monotonic() > deadline:
-            pytest.fail(f"not within {timeout}s: {probe}")
-        time.sleep(0.05)
-    return result
 
 
 @pytest.fixture
@@ -104,7 +90,7 @@ def test_crds_register_their_kinds_and_a_pool_can_be_created(url: str) -> None:
     groups = call(url, "GET", "/apis")["groups"]
     assert "cadence.dev" in {group["name"] for group in groups}
 
-    pool = _example("RolloutPool")
+    pool = example("RolloutPool")
     created = call(url, "POST", f"{DEFAULT}/rolloutpools", pool)
     assert created["metadata"]["namespace"] == "default"
     fetched = call(url, "GET", f"{DEFAULT}/rolloutpools/mixed")
@@ -135,6 +121,7 @@ def test_core_discovery_and_namespaces(url: str) -> None:
     assert missing.value.code == 404
 
 
+@pytest.mark.kubectl
 def test_kubectl_applies_and_prints_the_printer_columns(kubectl: Callable[..., str]) -> None:
     applied = kubectl("apply", "--validate=false", "-f", str(EXAMPLE))
     assert "rolloutpool.cadence.dev/mixed created" in applied
@@ -159,7 +146,7 @@ def test_kubectl_applies_and_prints_the_printer_columns(kubectl: Callable[..., s
 
 
 def test_watch_streams_json_events_after_the_listed_version(cluster: str) -> None:
-    pool = _example("RolloutPool")
+    pool = example("RolloutPool")
     call(cluster, "POST", f"{DEFAULT}/rolloutpools", pool)
     listed = call(cluster, "GET", f"{DEFAULT}/rolloutpools")["metadata"]["resourceVersion"]
     path = f"{DEFAULT}/rolloutpools?watch=true&resourceVersion={listed}"
@@ -172,6 +159,7 @@ def test_watch_streams_json_events_after_the_listed_version(cluster: str) -> Non
     assert (second["type"], second["object"]["spec"]) == ("MODIFIED", {"groups": []})
 
 
+@pytest.mark.kubectl
 def test_printer_columns_show_status_values(cluster: str, kubectl: Callable[..., str]) -> None:
     kubectl("apply", "--validate=false", "-f", str(EXAMPLE))
     status: dict[str, Any] = {"ready": "3/4", "workers": 4, "run": "digits", "versions": "5,6"}
@@ -182,7 +170,7 @@ def test_printer_columns_show_status_values(cluster: str, kubectl: Callable[...,
 
 
 def test_objects_carry_server_set_metadata(cluster: str) -> None:
-    pool = _example("RolloutPool")
+    pool = example("RolloutPool")
     meta = call(cluster, "POST", f"{DEFAULT}/rolloutpools", pool)["metadata"]
     assert len(meta["uid"]) == 36
     assert meta["generation"] == 1
@@ -204,6 +192,32 @@ def test_objects_carry_server_set_metadata(cluster: str) -> None:
     assert other["metadata"]["uid"] != meta["uid"]
     listed = call(cluster, "GET", f"{DEFAULT}/rolloutpools")
     assert int(listed["metadata"]["resourceVersion"]) >= int(other["metadata"]["resourceVersion"])
+
+
+def test_a_json_patch_whose_test_fails_is_refused_with_422(cluster: str) -> None:
+    """As kube-apiserver answers it: kopf then waits for the next event, where a 5xx has
+    it re-send the same stale patch."""
+    created = call(cluster, "POST", f"{DEFAULT}/rolloutpools", example("RolloutPool"))
+    version = created["metadata"]["resourceVersion"]
+    call(cluster, "PATCH", f"{DEFAULT}/rolloutpools/mixed/status", {"status": {"workers": 4}})
+    ops = [
+        {"op": "test", "path": "/metadata/resourceVersion", "value": version},
+        {
+            "op": "add",
+            "path": "/metadata/finalizers",
+            "value": ["kopf.zalando.org/KopfFinalizerMarker"],
+        },
+    ]
+    with pytest.raises(ApiError) as stale:
+        call(cluster, "PATCH", f"{DEFAULT}/rolloutpools/mixed", ops, "application/json-patch+json")
+    assert stale.value.code == 422 and stale.value.status["reason"] == "Invalid"
+    assert "finalizers" not in call(cluster, "GET", f"{DEFAULT}/rolloutpools/mixed")["metadata"]
+    fresh = call(cluster, "GET", f"{DEFAULT}/rolloutpools/mixed")["metadata"]["resourceVersion"]
+    ops[0]["value"] = fresh
+    patched = call(
+        cluster, "PATCH", f"{DEFAULT}/rolloutpools/mixed", ops, "application/json-patch+json"
+    )
+    assert patched["metadata"]["finalizers"] == ["kopf.zalando.org/KopfFinalizerMarker"]
 
 
 def test_scale_maps_to_the_groups_replicas(cluster: str) -> None:
@@ -240,13 +254,14 @@ def test_scale_maps_to_the_groups_replicas(cluster: str) -> None:
     assert put["spec"] == {"replicas": 3}
     assert call(cluster, "GET", path)["spec"] == {"replicas": 3}
 
-    pool = _example("RolloutPool")
+    pool = example("RolloutPool")
     call(cluster, "POST", f"{DEFAULT}/rolloutpools", pool)
     with pytest.raises(ApiError) as no_scale:
         call(cluster, "GET", f"{DEFAULT}/rolloutpools/mixed/scale")
     assert no_scale.value.code == 404
 
 
+@pytest.mark.kubectl
 def test_kubectl_scale(cluster: str, kubectl: Callable[..., str]) -> None:
     group = {
         "apiVersion": "cadence.dev/v1alpha1",
@@ -289,10 +304,14 @@ def test_a_kopf_operator_reacts_to_a_created_pool(cluster: str) -> None:
     operator = threading.Thread(target=run, daemon=True)
     operator.start()
     try:
-        pool = _example("RolloutPool")
+        pool = example("RolloutPool")
         uid = call(cluster, "POST", f"{DEFAULT}/rolloutpools", pool)["metadata"]["uid"]
         path = f"{DEFAULT}/rolloutpools/mixed"
-        status = _eventually(lambda: call(cluster, "GET", path).get("status", {}).get("ready"))
+        status = eventually(
+            lambda: call(cluster, "GET", path).get("status", {}).get("ready"),
+            timeout_s=10,
+            what="the status the operator's create handler wrote",
+        )
         assert status == "0/4"
         assert call(cluster, "GET", path)["status"]["run"] == uid
         assert seen == ["mixed"]
