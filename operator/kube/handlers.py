@@ -17,7 +17,7 @@ and the reason, and an Event, and nothing else happens to it or to any other res
   pool; the groups then retire its workers, and a waiting run binds.
 
 A kopf daemon per TrainingRun runs the control loop (`loop.py`) on the pool's pods and
-reports it (`_RunReporter`): statuses, Events, the operator's metrics (`metrics.py`).
+reports it (`run_report.py`): statuses, Events, the operator's metrics (`metrics.py`).
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ import asyncio
 import base64
 import datetime
 import logging
-import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -36,7 +35,6 @@ import httpx
 import kopf
 from pydantic import BaseModel, ValidationError
 
-from cadence.operator.api.capacity import group_capacities
 from cadence.operator.api.resources import (
     API_VERSION,
     GROUP,
@@ -48,11 +46,11 @@ from cadence.operator.api.resources import (
     check_pair,
 )
 from cadence.operator.api.settings import knobs_of
-from cadence.operator.control.group_stats import GroupShape, group_stats
 from cadence.operator.control.loop import ControlLoop, LoopConfig
 from cadence.operator.kube import children
-from cadence.operator.kube.client import KubeApi, KubeError, path
-from cadence.operator.kube.metrics import OperatorMetrics, RunSeries
+from cadence.operator.kube.client import KubeApi, path
+from cadence.operator.kube.metrics import OperatorMetrics
+from cadence.operator.kube.run_report import RunReporter
 from cadence.operator.scheduler.registry import POLICIES
 from cadence.trainer.client import TrainerClient, TrainerError
 from cadence.worker.client import WorkerClient, WorkerError
@@ -383,7 +381,9 @@ class Reconciler:
             {},
             token,
         )
-        reporter = _RunReporter(self, run, pool, body, loop, client)
+        reporter = RunReporter(
+            self.kube, self.endpoint, self.status_every_s, run, pool, body, loop, client
+        )
         self.metrics.runs[(ns, name)] = reporter.series
 
         async def done() -> bool:
@@ -395,150 +395,6 @@ class Reconciler:
             self.metrics.runs.pop((ns, name), None)
             await loop.aclose()
             await client.aclose()
-
-
-@dataclass
-class _RunReporter:
-    """What a run's control loop reports, at most every `status_every_s`: the pool's
-    pods join the loop; each RolloutGroup's status (versions, mean context, headroom,
-    waiting demand) and the operator's metrics; the run's status from the trainer's
-    stats; Events for a phase change, concentration departures, failed actions and lost
-    workers."""
-
-    reconciler: Reconciler
-    run: TrainingRun
-    pool: RolloutPool
-    body: kopf.Body
-    loop: ControlLoop
-    trainer: TrainerClient
-    series: RunSeries = field(init=False)
-    started: float = field(default_factory=time.monotonic)
-    patched: float = 0.0
-    seen: Counter[str] = field(default_factory=Counter)  # loop totals at the last report
-    reported_lost: frozenset[str] = frozenset()
-    reported_floor: set[str] = field(default_factory=set)  # workers warned of a thin hMin
-    written: dict[str, Status] = field(default_factory=dict)  # each group's last status
-
-    def __post_init__(self) -> None:
-        self.series = RunSeries(pool=self.pool.metadata.name, loop=self.loop)
-        self.phase = (self.body.get("status") or {}).get("phase")
-        capacities = group_capacities(self.pool, self.run)
-        self.shapes = {
-            f"{self.pool.metadata.name}-{g.name}": (g.affinity, capacities[g.name])
-            for g in self.pool.spec.groups
-        }
-        self.prices = {g.name: g.price_per_hour or 0.0 for g in self.pool.spec.groups}
-
-    async def done(self) -> bool:
-        if time.monotonic() - self.patched < self.reconciler.status_every_s:
-            return False
-        self.patched = time.monotonic()
-        kube, ns = self.reconciler.kube, self.run.metadata.namespace
-        try:
-            pods = await kube.list(
-                path("v1", "pods", ns), {"cadence.dev/pool": self.pool.metadata.name}
-            )
-        except (KubeError, httpx.TransportError) as e:
-            log.warning("listing %s's pods failed; retried next cycle: %s", self.run.spec.pool, e)
-            return False
-        joined = {}
-        for pod in pods:
-            url = self.reconciler.endpoint(pod)
-            if url is not None and pod["metadata"]["name"] not in self.loop.workers:
-                joined[pod["metadata"]["name"]] = url
-        if joined:
-            self.loop.add_workers(joined)
-        await self._groups(pods)
-        self._events()
-        try:
-            stats = await self.trainer.stats()
-        except (TrainerError, OSError, httpx.TransportError):
-            return False
-        wall = time.monotonic() - self.started
-        hourly = sum(
-            self.prices.get(p["metadata"]["labels"].get("cadence.dev/group", ""), 0.0) for p in pods
-        )
-        dollars = hourly * wall / 3600
-        phase = "Succeeded" if stats.done else "Running"
-        self.series.version = stats.version
-        self.series.tokens_per_second = round(stats.tokens_delivered / wall, 1)
-        await kube.patch(
-            path(API_VERSION, "trainingruns", ns, self.run.metadata.name) + "/status",
-            {
-                "status": {
-                    "phase": phase,
-                    "policyVersion": stats.version,
-                    "step": stats.consumed,
-                    "tokensPerSecond": self.series.tokens_per_second,
-                    "latencyP50S": round(stats.latency_p50_s, 3),
-                    "latencyP95S": round(stats.latency_p95_s, 3),
-                    "tokensPerDollar": round(stats.tokens_delivered / dollars, 1)
-                    if dollars > 0
-                    else 0.0,
-                    "warnings": sorted(set(self.loop.floor_warnings.values())),
-                }
-            },
-        )
-        if phase != self.phase:
-            message = f"policy version {stats.version}, {stats.consumed} batches trained"
-            kopf.info(self.body, reason=phase, message=message)
-            self.phase = phase
-        return stats.done
-
-    async def _groups(self, pods: list[dict[str, Any]]) -> None:
-        """Each RolloutGroup's share of the last cycle, into its status and the metrics."""
-        if self.loop.last_plan is None:
-            return
-        snapshot, actions = self.loop.last_plan
-        pool_name = self.pool.metadata.name
-        group_of = {
-            p["metadata"]["name"]: f"{pool_name}-{p['metadata']['labels'].get('cadence.dev/group')}"
-            for p in pods
-        }
-        shapes = []
-        for name, (affinity, capacity) in self.shapes.items():
-            # A live worker's own capacity, else the catalog's (a group scaled to zero).
-            live = [w.capacity for w in snapshot.workers if group_of.get(w.id) == name]
-            shapes.append(GroupShape(name, affinity, max(live, default=capacity)))
-        self.series.groups = group_stats(snapshot, actions, shapes, group_of)
-        for name, st in self.series.groups.items():
-            status: Status = {
-                "versions": list(st.versions),
-                "meanContext": st.mean_context,
-                "headroomTokens": st.headroom_tokens,
-                "pendingTrajectories": st.pending_trajectories,
-                "pendingTokens": st.pending_tokens,
-            }
-            if self.written.get(name) == status:
-                continue  # unchanged: no write, no watch event for every watcher
-            url = path(API_VERSION, "rolloutgroups", self.run.metadata.namespace, name)
-            try:
-                await self.reconciler.kube.patch(url + "/status", {"status": status})
-            except (KubeError, httpx.TransportError) as e:
-                log.warning("patching %s's status failed: %s", name, e)
-                continue
-            self.written[name] = status
-
-    def _events(self) -> None:
-        totals = self.loop.totals
-        body = self.body
-        departed = totals["departures"] - self.seen["departures"]
-        if departed:
-            message = f"{departed} trajectories departed their concentration sources"
-            kopf.info(body, reason="Departed", message=message)
-        failed = totals["errors"] - self.seen["errors"]
-        if failed:
-            message = f"{failed} worker actions failed (the operator's log says which)"
-            kopf.warn(body, reason="ActionsFailed", message=message)
-        for wid, said in self.loop.floor_warnings.items():
-            if wid not in self.reported_floor:
-                kopf.warn(body, reason="FloorBelowGrowth", message=said)
-                self.reported_floor.add(wid)
-        lost = self.loop.lost - self.reported_lost
-        if lost:
-            message = f"silent, their samples re-queued: {', '.join(sorted(lost))}"
-            kopf.warn(body, reason="WorkersLost", message=message)
-        self.seen, self.reported_lost = totals, self.loop.lost
 
 
 def register(
