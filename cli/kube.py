@@ -13,6 +13,17 @@ from pathlib import Path
 from cadence.cli.common import Commands, RunFailed, UsageError, at_least
 
 
+def _seconds(text: str) -> float:
+    """An argparse type: a positive, finite number of seconds."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0.0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text} s must be positive and finite")
+    return value
+
+
 def _cmd_operator(args: argparse.Namespace) -> int:
     if args.all_namespaces == bool(args.namespace):
         raise UsageError("give --all-namespaces or one or more --namespace")
@@ -23,6 +34,7 @@ def _cmd_operator(args: argparse.Namespace) -> int:
         server=args.server,
         metrics_port=args.metrics_port,
         health_port=args.health_port,
+        timer_interval_s=args.resync_s,
     )
     return 0
 
@@ -58,6 +70,13 @@ def add_operator(sub: Commands) -> None:
     op.add_argument("--server", help="API server URL (default: in-cluster)")
     op.add_argument("--metrics-port", type=at_least(1), default=9090)
     op.add_argument("--health-port", type=at_least(1), default=8080)
+    op.add_argument(
+        "--resync-s",
+        type=_seconds,
+        default=5.0,
+        help="reconcile every object at least this often, seconds (default 5): what "
+        "notices changes no handler is called for (a pool released, a pod gone)",
+    )
     op.set_defaults(run=_cmd_operator)
 
 

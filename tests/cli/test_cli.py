@@ -132,6 +132,7 @@ EXAMPLE_RUN = Path(__file__).parents[2] / "manifests" / "examples" / "trainingru
         (["bench", "agreement", "--compression", "2"], "--compression must be above 0"),
         (["bench", "agreement", "--policies", "nope"], "unknown policy nope"),
         (["operator"], "give --all-namespaces or one or more --namespace"),
+        (["operator", "--all-namespaces", "--resync-s", "0"], "must be positive and finite"),
         (["trainer", "--config", "/nonexistent/trainer.json"], "cannot read /nonexistent"),
         (["trainer"], "give --model-path and --state-dir, or --config"),
     ],
