@@ -298,9 +298,12 @@ class Reconciler:
     async def run(self, body: Mapping[str, Any], events: Events) -> Status:
         run: TrainingRun = validated(TrainingRun, body)
         ns, name = run.metadata.namespace, run.metadata.name
+        # kopf gives a timer the live body, which changes under this handler (its loop
+        # writing Succeeded): decide on the phase it was called with, read once.
+        phase = (body.get("status") or {}).get("phase")
         pool_obj = await self.kube.get(self._pool_url(ns, run.spec.pool))
         bound = ((pool_obj or {}).get("status") or {}).get("run")
-        if (body.get("status") or {}).get("phase") == "Succeeded":
+        if phase == "Succeeded":
             # Finished (its control loop wrote the last status): the pool's workers go,
             # and the pool may serve the next run.
             if bound == name:
@@ -331,7 +334,7 @@ class Reconciler:
         }
         # Once Running, the phase is the control loop's to write: this handler may have
         # read the run just before the loop wrote Succeeded, and must not undo it.
-        if (body.get("status") or {}).get("phase") != "Running":
+        if phase != "Running":
             status["phase"] = "Running"
         return status
 

@@ -4,16 +4,13 @@ the run handler never writes a phase over its control loop's."""
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
+from collections.abc import Mapping
 from typing import Any
 
-import yaml
-
 from cadence.operator.kube.handlers import Reconciler, condition, settled
+from tests.helpers import example
 
 from .memory_kube import MemoryKube
-
-EXAMPLE = Path(__file__).parents[3] / "manifests" / "examples" / "trainingrun.yaml"
 
 
 def test_a_condition_keeps_its_transition_time_until_its_status_changes() -> None:
@@ -31,20 +28,42 @@ def test_a_condition_keeps_its_transition_time_until_its_status_changes() -> Non
     assert fresh[0]["lastTransitionTime"].endswith("Z")
 
 
-def _example(kind: str) -> dict[str, Any]:
-    return next(d for d in yaml.safe_load_all(EXAMPLE.read_text()) if d and d["kind"] == kind)
-
-
 def test_the_run_handler_leaves_a_running_runs_phase_to_its_control_loop() -> None:
     """The handler may read a run just before its loop writes Succeeded; what it returns
     must not carry a phase that would overwrite it (a run was seen stuck in Running)."""
     kube = MemoryKube()
-    kube.put({**_example("RolloutPool"), "status": {"run": "digits"}})
+    kube.put({**example("RolloutPool"), "status": {"run": "digits"}})
     reconciler = Reconciler(kube)
-    run = _example("TrainingRun")
+    run = example("TrainingRun")
     run["metadata"].update(namespace="default", uid="d1")  # the server sets the uid
     events: list[tuple[str, str]] = []
     fresh = asyncio.run(reconciler.run(run, events))
     assert fresh["phase"] == "Running"  # bound now: the handler starts it
     running = asyncio.run(reconciler.run({**run, "status": {"phase": "Running"}}, events))
     assert "phase" not in running and running["conditions"][0]["reason"] == "Bound"
+
+
+class _LoopFinishesMidHandler(MemoryKube):
+    """Writes Succeeded into the run's body while the handler makes the trainer's
+    objects, as kopf's live body shows the control loop's write to a running timer."""
+
+    def __init__(self, body: dict[str, Any]) -> None:
+        super().__init__()
+        self.body = body
+
+    async def ensure(self, obj: Mapping[str, Any]) -> tuple[dict[str, Any], bool]:
+        self.body["status"]["phase"] = "Succeeded"
+        return await super().ensure(obj)
+
+
+def test_the_run_handler_decides_on_the_phase_it_was_called_with() -> None:
+    """A timer's body is live: the loop's Succeeded may land while the handler runs, and
+    the handler must not answer it with Running (a finished run stayed Running, its
+    pool never released)."""
+    run = example("TrainingRun")
+    run["metadata"].update(namespace="default", uid="d1")
+    body = {**run, "status": {"phase": "Running"}}
+    kube = _LoopFinishesMidHandler(body)
+    kube.put({**example("RolloutPool"), "status": {"run": "digits"}})
+    status = asyncio.run(Reconciler(kube).run(body, []))
+    assert body["status"]["phase"] == "Succeeded" and "phase" not in status
