@@ -33,30 +33,19 @@ from cadence.operator.kube.client import Kube
 from cadence.operator.kube.handlers import Reconciler
 from cadence.operator.kube.serve import operator_registry
 from cadence.operator.local.processes import CADENCE, free_port, wait_healthy, worker_processes
-from cadence.worker.tinymodel import make_tiny_llama
+from tests.helpers import ROOT, TRAINING_RUN, documents, eventually, example
 
 from .k8s_emulator import ApiError, KubernetesEmulator, call, serve, write_kubeconfig
 
-ROOT = Path(__file__).parents[3]
-EXAMPLE = ROOT / "manifests" / "examples" / "trainingrun.yaml"
+EXAMPLE = TRAINING_RUN
 CRDS = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
 NS = "/apis/cadence.dev/v1alpha1/namespaces/default"
 PODS = "/api/v1/namespaces/default/pods"
-
-
-def _example(kind: str) -> dict[str, Any]:
-    return next(d for d in yaml.safe_load_all(EXAMPLE.read_text()) if d and d["kind"] == kind)
-
-
-def _eventually(probe: Callable[[], Any], timeout: float = 30.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while not (result := probe()):
-        if time.monotonic() > deadline:
-            pytest.fail(
-                f"not within {timeout} s (the probe on line {probe.__code__.co_firstlineno})"
-            )
-        time.sleep(0.1)
-    return result
+# The operator's timer (every object reconciled again) in these tests: what a timer
+# notices (a pool released, a run deleted) is seen within a second, not within 5 s.
+TIMER_S = 0.3
+# Waits on the operator: a chain of a few timer runs, on a loaded machine.
+OPERATOR_S = 30.0
 
 
 def _pods(url: str, group: str | None = None) -> list[dict[str, Any]]:
@@ -73,6 +62,11 @@ def _status(url: str, path: str) -> dict[str, Any]:
     return found
 
 
+def _events(url: str, reason: str) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = call(url, "GET", "/api/v1/namespaces/default/events")["items"]
+    return [e for e in items if e.get("reason") == reason]
+
+
 @contextlib.contextmanager
 def emulator(kube: KubernetesEmulator | None = None) -> Iterator[str]:
     """The test emulator with the CRDs applied; yields its URL."""
@@ -83,18 +77,23 @@ def emulator(kube: KubernetesEmulator | None = None) -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def operator_thread(url: str, make: Callable[[Kube], Reconciler] = Reconciler) -> Iterator[None]:
-    """The operator against `url`, in a thread of its own (kopf cancels every task of
-    its loop when it stops); stopping it is an operator restart's first half."""
+def operator_thread(
+    url: str, make: Callable[[Kube], Reconciler] = Reconciler
+) -> Iterator[Reconciler]:
+    """The operator against `url`, its timer every TIMER_S, in a thread of its own (kopf
+    cancels every task of its loop when it stops); yields its reconciler. Stopping it is
+    an operator restart's first half."""
     stop = threading.Event()
     errors: list[BaseException] = []
+    made: list[Reconciler] = []
 
     def run() -> None:
         async def main() -> None:
             kube = Kube(url)
             try:
+                made.append(make(kube))
                 await kopf.operator(
-                    registry=operator_registry(kube, url, make(kube)),
+                    registry=operator_registry(kube, url, made[0], timer_interval_s=TIMER_S),
                     standalone=True,
                     namespaces=["default"],
                     stop_flag=stop,
@@ -110,19 +109,40 @@ def operator_thread(url: str, make: Callable[[Kube], Reconciler] = Reconciler) -
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
     try:
-        yield
+        yield eventually(
+            lambda: made[0] if made else None, timeout_s=OPERATOR_S, what="the operator"
+        )
     finally:
         stop.set()
         thread.join(timeout=20)
     assert not thread.is_alive() and errors == []
 
 
+@dataclass
+class Operated:
+    """The emulator's URL and the operator's reconciler, whose handler runs it counts."""
+
+    url: str
+    reconciler: Reconciler
+
+    def reconciled_again(self, plural: str, name: str, times: int = 2) -> None:
+        """Wait until `name` has been reconciled `times` more times than now; with two, at
+        least one of them started after this call (the first may have been under way)."""
+        key = (plural, "default", name)
+        now = self.reconciler.reconciles[key]
+        eventually(
+            lambda: self.reconciler.reconciles[key] >= now + times,
+            timeout_s=OPERATOR_S,
+            what=f"{times} more reconciles of {plural}/{name} (after {now})",
+        )
+
+
 @contextlib.contextmanager
 def operator_on(
     make: Callable[[Kube], Reconciler] = Reconciler, kube: KubernetesEmulator | None = None
-) -> Iterator[str]:
-    with emulator(kube) as url, operator_thread(url, make):
-        yield url
+) -> Iterator[Operated]:
+    with emulator(kube) as url, operator_thread(url, make) as reconciler:
+        yield Operated(url, reconciler)
 
 
 RBAC = ROOT / "manifests" / "base" / "rbac.yaml"
@@ -150,21 +170,30 @@ def _rbac_allows_what_the_operator_did(kube: KubernetesEmulator) -> None:
 
 
 @pytest.fixture
-def cluster() -> Iterator[str]:
-    with operator_on() as url:
-        yield url
+def operated() -> Iterator[Operated]:
+    with operator_on() as running:
+        yield running
+
+
+@pytest.fixture
+def cluster(operated: Operated) -> str:
+    return operated.url
 
 
 def test_a_pool_and_a_run_get_groups_pods_and_a_trainer(cluster: str) -> None:
-    pool = call(cluster, "POST", f"{NS}/rolloutpools", _example("RolloutPool"))
-    _eventually(lambda: len(call(cluster, "GET", f"{NS}/rolloutgroups")["items"]) == 2)
+    pool = call(cluster, "POST", f"{NS}/rolloutpools", example("RolloutPool"))
+    eventually(
+        lambda: len(call(cluster, "GET", f"{NS}/rolloutgroups")["items"]) == 2,
+        timeout_s=OPERATOR_S,
+        what="the pool's two RolloutGroups",
+    )
     groups = call(cluster, "GET", f"{NS}/rolloutgroups")["items"]
     assert sorted(g["metadata"]["name"] for g in groups) == ["mixed-a910x", "mixed-h800"]
     for g in groups:
         assert g["metadata"]["ownerReferences"][0]["uid"] == pool["metadata"]["uid"]
     assert _pods(cluster) == []  # no run bound: a worker needs the run's model
-    run = call(cluster, "POST", f"{NS}/trainingruns", _example("TrainingRun"))
-    _eventually(lambda: len(_pods(cluster)) == 4)
+    run = call(cluster, "POST", f"{NS}/trainingruns", example("TrainingRun"))
+    eventually(lambda: len(_pods(cluster)) == 4, timeout_s=OPERATOR_S, what="4 worker pods")
     assert call(cluster, "GET", f"{NS}/rolloutpools/mixed")["status"]["run"] == "digits"
     h800 = sorted(_pods(cluster, "h800"), key=lambda p: p["metadata"]["name"])
     assert [p["metadata"]["name"] for p in h800] == ["mixed-h800-0", "mixed-h800-1"]
@@ -185,71 +214,90 @@ def test_a_pool_and_a_run_get_groups_pods_and_a_trainer(cluster: str) -> None:
         obj = call(cluster, "GET", path)
         assert obj["kind"] == kind
         assert obj["metadata"]["ownerReferences"][0]["uid"] == run["metadata"]["uid"]
-    status = _eventually(lambda: call(cluster, "GET", f"{NS}/trainingruns/digits").get("status"))
+    status = eventually(
+        lambda: _status(cluster, f"{NS}/trainingruns/digits"),
+        timeout_s=OPERATOR_S,
+        what="the run's status",
+    )
     assert status["phase"] == "Running"
-    group = _eventually(
-        lambda: (call(cluster, "GET", f"{NS}/rolloutgroups/mixed-h800").get("status") or {}).get(
-            "selector"
-        )
+    group = eventually(
+        lambda: _status(cluster, f"{NS}/rolloutgroups/mixed-h800").get("selector"),
+        timeout_s=OPERATOR_S,
+        what="the h800 group's selector in its status",
     )
     assert group == "cadence.dev/pool=mixed,cadence.dev/group=h800"
 
 
-def test_scale_on_a_group_moves_its_pods(cluster: str) -> None:
-    call(cluster, "POST", f"{NS}/rolloutpools", _example("RolloutPool"))
-    call(cluster, "POST", f"{NS}/trainingruns", _example("TrainingRun"))
-    _eventually(lambda: len(_pods(cluster, "a910x")) == 2)
-    scale = f"{NS}/rolloutgroups/mixed-a910x/scale"
-    call(cluster, "PATCH", scale, {"spec": {"replicas": 3}})
-    _eventually(lambda: len(_pods(cluster, "a910x")) == 3)
-    assert call(cluster, "GET", scale)["spec"]["replicas"] == 3
-    call(cluster, "PATCH", scale, {"spec": {"replicas": 1}})
-    _eventually(lambda: len(_pods(cluster, "a910x")) == 1)
+def test_scale_on_a_group_moves_its_pods(operated: Operated) -> None:
+    cluster = operated.url
+    call(cluster, "POST", f"{NS}/rolloutpools", example("RolloutPool"))
+    call(cluster, "POST", f"{NS}/trainingruns", example("TrainingRun"))
+
+    def a910x(n: int) -> None:
+        what = f"{n} a910x pods"
+        eventually(lambda: len(_pods(cluster, "a910x")) == n, timeout_s=OPERATOR_S, what=what)
+
+    a910x(2)
+    group = f"{NS}/rolloutgroups/mixed-a910x"
+    call(cluster, "PATCH", f"{group}/scale", {"spec": {"replicas": 3}})
+    a910x(3)
+    assert call(cluster, "GET", f"{group}/scale")["spec"]["replicas"] == 3
+    call(cluster, "PATCH", f"{group}/scale", {"spec": {"replicas": 1}})
+    a910x(1)
     assert len(_pods(cluster, "h800")) == 2  # the other group is its own
-    # The pool's replicas were only the initial value: re-applying it changes nothing.
-    pool = call(cluster, "GET", f"{NS}/rolloutpools/mixed")
-    call(cluster, "PATCH", f"{NS}/rolloutpools/mixed", {"metadata": {"labels": {"touched": "1"}}})
-    time.sleep(1.0)
-    assert len(_pods(cluster, "a910x")) == 1 and pool["spec"]["groups"][1]["replicas"] == 2
+    # The pool's replicas were only the initial value: the pool re-applied and reconciled
+    # again (it ensures its groups) leaves the group at the size it was scaled to.
+    call(cluster, "PATCH", f"{NS}/rolloutpools/mixed", {"spec": example("RolloutPool")["spec"]})
+    operated.reconciled_again("rolloutpools", "mixed")
+    operated.reconciled_again("rolloutgroups", "mixed-a910x")
+    assert call(cluster, "GET", group)["spec"]["replicas"] == 1
+    assert call(cluster, "GET", f"{group}/scale")["spec"]["replicas"] == 1
+    assert len(_pods(cluster, "a910x")) == 1
+    assert call(cluster, "GET", f"{NS}/rolloutpools/mixed")["spec"]["groups"][1]["replicas"] == 2
 
 
-def test_an_invalid_pool_is_degraded_with_an_event_and_others_go_on(cluster: str) -> None:
-    bad = _example("RolloutPool")
+def test_an_invalid_pool_is_degraded_with_an_event_and_others_go_on(operated: Operated) -> None:
+    cluster = operated.url
+    bad = example("RolloutPool")
     bad["metadata"]["name"] = "broken"
     bad["spec"]["groups"][0]["accelerator"] = "TPU-v9"
     call(cluster, "POST", f"{NS}/rolloutpools", bad)
-    call(cluster, "POST", f"{NS}/rolloutpools", _example("RolloutPool"))
-    conditions = _eventually(
-        lambda: (call(cluster, "GET", f"{NS}/rolloutpools/broken").get("status") or {}).get(
-            "conditions"
-        )
+    call(cluster, "POST", f"{NS}/rolloutpools", example("RolloutPool"))
+    conditions = eventually(
+        lambda: _status(cluster, f"{NS}/rolloutpools/broken").get("conditions"),
+        timeout_s=OPERATOR_S,
+        what="the broken pool's conditions",
     )
     degraded = next(c for c in conditions if c["type"] == "Degraded")
     assert degraded["status"] == "True" and degraded["reason"] == "Invalid"
     assert degraded["message"].startswith("spec.groups.0: unknown accelerator 'TPU-v9'")
-    events = _eventually(
-        lambda: [
-            e
-            for e in call(cluster, "GET", "/api/v1/namespaces/default/events")["items"]
-            if e.get("reason") == "Invalid"
-        ]
+    events = eventually(
+        lambda: _events(cluster, "Invalid"), timeout_s=OPERATOR_S, what="an Invalid event"
     )
     assert events[0]["involvedObject"]["name"] == "broken" and events[0]["type"] == "Warning"
-    time.sleep(6)  # the 5 s timer retries it: the same reason is not announced again
-    again = call(cluster, "GET", "/api/v1/namespaces/default/events")["items"]
-    assert [e["reason"] for e in again].count("Invalid") == 1
-    groups = _eventually(lambda: call(cluster, "GET", f"{NS}/rolloutgroups")["items"])
+    # Its timer retries it, and finds it as invalid: the same reason is not announced again.
+    operated.reconciled_again("rolloutpools", "broken", times=3)
+    assert len(_events(cluster, "Invalid")) == 1
+    groups = eventually(
+        lambda: call(cluster, "GET", f"{NS}/rolloutgroups")["items"],
+        timeout_s=OPERATOR_S,
+        what="the valid pool's groups",
+    )
     assert {g["spec"]["pool"] for g in groups} == {"mixed"}  # the valid pool went on
 
 
 def test_a_run_too_long_for_a_group_is_degraded_naming_it(cluster: str) -> None:
-    pool = _example("RolloutPool")
+    pool = example("RolloutPool")
     pool["spec"]["groups"][1]["engine"] = {"tensorParallel": 1, "maxModelLen": 200000}
     call(cluster, "POST", f"{NS}/rolloutpools", pool)
-    run = _example("TrainingRun")
+    run = example("TrainingRun")
     run["spec"]["model"]["catalog"] = "Qwen3-32B"
     call(cluster, "POST", f"{NS}/trainingruns", run)
-    status = _eventually(lambda: _status(cluster, f"{NS}/trainingruns/digits").get("conditions"))
+    status = eventually(
+        lambda: _status(cluster, f"{NS}/trainingruns/digits").get("conditions"),
+        timeout_s=OPERATOR_S,
+        what="the run's conditions",
+    )
     degraded = next(c for c in status if c["type"] == "Degraded")
     assert degraded["status"] == "True"
     assert degraded["message"].startswith("spec.model: Qwen3-32B on this pool: KV capacity")
@@ -258,47 +306,53 @@ def test_a_run_too_long_for_a_group_is_degraded_naming_it(cluster: str) -> None:
     assert _pods(cluster) == []
 
 
-def test_a_second_run_on_a_busy_pool_waits_saying_why(cluster: str) -> None:
-    call(cluster, "POST", f"{NS}/rolloutpools", _example("RolloutPool"))
-    call(cluster, "POST", f"{NS}/trainingruns", _example("TrainingRun"))
-    _eventually(
-        lambda: (
-            (call(cluster, "GET", f"{NS}/trainingruns/digits").get("status") or {}).get("phase")
-            == "Running"
-        )
+def test_a_second_run_on_a_busy_pool_waits_saying_why(operated: Operated) -> None:
+    cluster = operated.url
+    call(cluster, "POST", f"{NS}/rolloutpools", example("RolloutPool"))
+    call(cluster, "POST", f"{NS}/trainingruns", example("TrainingRun"))
+    eventually(
+        lambda: _status(cluster, f"{NS}/trainingruns/digits").get("phase") == "Running",
+        timeout_s=OPERATOR_S,
+        what="the first run Running",
     )
-    second = _example("TrainingRun")
+    second = example("TrainingRun")
     second["metadata"]["name"] = "digits-2"
     call(cluster, "POST", f"{NS}/trainingruns", second)
-    status = _eventually(lambda: call(cluster, "GET", f"{NS}/trainingruns/digits-2").get("status"))
+    status = eventually(
+        lambda: _status(cluster, f"{NS}/trainingruns/digits-2"),
+        timeout_s=OPERATOR_S,
+        what="the second run's status",
+    )
     assert status["phase"] == "Waiting"
     (ready,) = [c for c in status["conditions"] if c["type"] == "Ready"]
     assert ready["reason"] == "PoolBusy" and "serves TrainingRun digits" in ready["message"]
-    waiting = _eventually(
-        lambda: [
-            e
-            for e in call(cluster, "GET", "/api/v1/namespaces/default/events")["items"]
-            if e["reason"] == "Waiting"
-        ]
+    waiting = eventually(
+        lambda: _events(cluster, "Waiting"), timeout_s=OPERATOR_S, what="a Waiting event"
     )
-    assert waiting[0]["involvedObject"]["name"] == "digits-2" and len(waiting) == 1
+    assert waiting[0]["involvedObject"]["name"] == "digits-2"
+    operated.reconciled_again("trainingruns", "digits-2", times=3)  # still waiting: said once
+    assert len(_events(cluster, "Waiting")) == 1
 
 
 def test_deleting_a_run_removes_its_children_and_the_pool_serves_the_next() -> None:
     kube = KubernetesEmulator()
-    with operator_on(kube=kube) as cluster:
-        _delete_a_run(cluster)
+    with operator_on(kube=kube) as operated:
+        _delete_a_run(operated.url)
     _rbac_allows_what_the_operator_did(kube)
 
 
 def _delete_a_run(cluster: str) -> None:
-    call(cluster, "POST", f"{NS}/rolloutpools", _example("RolloutPool"))
-    call(cluster, "POST", f"{NS}/trainingruns", _example("TrainingRun"))
-    _eventually(lambda: len(_pods(cluster)) == 4)
-    second = _example("TrainingRun")
+    call(cluster, "POST", f"{NS}/rolloutpools", example("RolloutPool"))
+    call(cluster, "POST", f"{NS}/trainingruns", example("TrainingRun"))
+    eventually(lambda: len(_pods(cluster)) == 4, timeout_s=OPERATOR_S, what="4 worker pods")
+    second = example("TrainingRun")
     second["metadata"]["name"] = "digits-2"
     call(cluster, "POST", f"{NS}/trainingruns", second)
-    _eventually(lambda: _status(cluster, f"{NS}/trainingruns/digits-2").get("phase") == "Waiting")
+    eventually(
+        lambda: _status(cluster, f"{NS}/trainingruns/digits-2").get("phase") == "Waiting",
+        timeout_s=OPERATOR_S,
+        what="the second run Waiting",
+    )
     call(cluster, "DELETE", f"{NS}/trainingruns/digits")
     trainer = [
         f"/{kind}/digits-trainer"
@@ -308,15 +362,24 @@ def _delete_a_run(cluster: str) -> None:
             "api/v1/namespaces/default/configmaps",
         )
     ]
-    _eventually(lambda: all(_get(cluster, p) is None for p in trainer))  # owner references
-    _eventually(lambda: _status(cluster, f"{NS}/rolloutpools/mixed").get("run") == "digits-2", 30)
+    eventually(  # owner references
+        lambda: all(_get(cluster, p) is None for p in trainer),
+        timeout_s=OPERATOR_S,
+        what="the deleted run's trainer objects gone",
+    )
+    eventually(
+        lambda: _status(cluster, f"{NS}/rolloutpools/mixed").get("run") == "digits-2",
+        timeout_s=OPERATOR_S,
+        what="the pool bound to the second run",
+    )
     # The old run's workers went; the pool's groups have pods of the new run.
-    _eventually(
+    eventually(
         lambda: (
             sorted(p["metadata"]["labels"]["cadence.dev/run"] for p in _pods(cluster))
             == ["digits-2"] * 4
         ),
-        30,
+        timeout_s=OPERATOR_S,
+        what="4 pods, all of the second run",
     )
     assert _get(cluster, "/apis/apps/v1/namespaces/default/statefulsets/digits-2-trainer")
     reasons = {
@@ -325,23 +388,32 @@ def _delete_a_run(cluster: str) -> None:
     assert {"Released", "Retired", "Bound"} <= reasons
     # Deleting the pool takes its groups, their pods, its Service and Secret.
     call(cluster, "DELETE", f"{NS}/rolloutpools/mixed")
-    _eventually(lambda: call(cluster, "GET", f"{NS}/rolloutgroups")["items"] == [])
+    eventually(
+        lambda: call(cluster, "GET", f"{NS}/rolloutgroups")["items"] == [],
+        timeout_s=OPERATOR_S,
+        what="the deleted pool's groups gone",
+    )
     assert _pods(cluster) == []
     assert _get(cluster, "/api/v1/namespaces/default/secrets/cadence-token") is None
     assert _get(cluster, "/api/v1/namespaces/default/services/mixed-workers") is None
 
 
+@pytest.mark.kubectl
 def test_kubectl_shows_the_columns(cluster: str, tmp_path: Path) -> None:
     config = write_kubeconfig(tmp_path / "kubeconfig", cluster)
     kubectl = ["kubectl", "--kubeconfig", str(config)]
     subprocess.run(
         [*kubectl, "apply", "--validate=false", "-f", str(EXAMPLE)], check=True, capture_output=True
     )
-    _eventually(
-        lambda: (call(cluster, "GET", f"{NS}/trainingruns/digits").get("status") or {}).get("phase")
+    eventually(
+        lambda: _status(cluster, f"{NS}/trainingruns/digits").get("phase"),
+        timeout_s=OPERATOR_S,
+        what="the run's phase",
     )
-    _eventually(
-        lambda: (call(cluster, "GET", f"{NS}/rolloutpools/mixed").get("status") or {}).get("ready")
+    eventually(
+        lambda: _status(cluster, f"{NS}/rolloutpools/mixed").get("ready"),
+        timeout_s=OPERATOR_S,
+        what="the pool's ready count",
     )
     out = subprocess.run(
         [*kubectl, "get", "rolloutpools,rolloutgroups,trainingruns"],
@@ -386,16 +458,22 @@ class Local:
 
 
 def _docs(iterations: int) -> dict[str, dict[str, Any]]:
-    text = EXAMPLE.read_text().replace("iterations: 30", f"iterations: {iterations}")
-    return {d["kind"]: d for d in yaml.safe_load_all(text) if d}
+    docs = documents(EXAMPLE)
+    docs["TrainingRun"]["spec"]["batch"]["iterations"] = iterations
+    return docs
 
 
 @contextlib.contextmanager
-def processes(url: str, local: Local, run: dict[str, Any], tmp_path: Path) -> Iterator[None]:
+def processes(
+    url: str, local: Local, run: dict[str, Any], tmp_path: Path, model: Path
+) -> Iterator[None]:
     """Once the pool's Secret exists: the trainer and the worker host, with its token."""
-    secret = _eventually(lambda: _get(url, "/api/v1/namespaces/default/secrets/cadence-token"))
+    secret = eventually(
+        lambda: _get(url, "/api/v1/namespaces/default/secrets/cadence-token"),
+        timeout_s=OPERATOR_S,
+        what="the pool's token Secret",
+    )
     local.token = base64.b64decode(secret["data"]["token"]).decode()
-    model = make_tiny_llama(tmp_path / "model")
     config = trainer_config(TrainingRun.model_validate(run), model, tmp_path / "state")
     (tmp_path / "trainer.json").write_text(config.model_dump_json())
     port = free_port()
@@ -506,30 +584,34 @@ def _kubelet_marks_ready(url: str) -> bool:
     return bool(pods)
 
 
-def test_the_operator_runs_the_control_loop_on_the_pools_pods(tmp_path: Path) -> None:
+@pytest.mark.slow
+@pytest.mark.kubectl
+@pytest.mark.timeout(600)
+def test_the_operator_runs_the_control_loop_on_the_pools_pods(
+    tmp_path: Path, tiny_model: Path
+) -> None:
     """End to end: pod endpoints point at the emulated workers, the trainer endpoint at
     the trainer process; the run trains to its last version. `kubectl get` mid-run shows
     the pool's versions and throughput and each group's waiting demand."""
-    local, docs = Local(), _docs(12)  # long enough for the pool to show it mid-run (5 s reconciles)
-    reconcilers: list[Reconciler] = []
+    iterations = 8  # long enough for the pool to show the run mid-run
+    local, docs = Local(), _docs(iterations)
     kube = KubernetesEmulator()
-
-    def make(client: Kube) -> Reconciler:
-        reconcilers.append(local.reconciler(client))
-        return reconcilers[-1]
-
     a910x = 'cadence_group_workers{namespace="default",pool="mixed",rolloutgroup="mixed-a910x"}'
-    with operator_on(make, kube) as url:
+    with operator_on(local.reconciler, kube) as operated:
+        url, reconciler = operated.url, operated.reconciler
         call(url, "POST", f"{NS}/rolloutpools", docs["RolloutPool"])
-        with processes(url, local, docs["TrainingRun"], tmp_path):
+        with processes(url, local, docs["TrainingRun"], tmp_path, tiny_model):
             call(url, "POST", f"{NS}/trainingruns", docs["TrainingRun"])
             registry = CollectorRegistry()
-            registry.register(reconcilers[0].metrics)
-            scraped = _eventually(
-                lambda: (text := generate_latest(registry).decode()).count(f"{a910x} 2.0") and text,
-                timeout=60,
+            registry.register(reconciler.metrics)
+            scraped = eventually(
+                lambda: (
+                    text if f"{a910x} 2.0" in (text := generate_latest(registry).decode()) else None
+                ),
+                timeout_s=60,
+                what="the operator's metrics showing the a910x group's 2 workers",
             )
-            groups = _eventually(
+            groups = eventually(
                 lambda: (
                     all(
                         (g.get("status") or {}).get("versions")
@@ -537,15 +619,22 @@ def test_the_operator_runs_the_control_loop_on_the_pools_pods(tmp_path: Path) ->
                     )
                     and [g["status"] for g in call(url, "GET", f"{NS}/rolloutgroups")["items"]]
                 ),
-                60,
+                timeout_s=60,
+                what="every group's status showing its versions",
             )
-            _eventually(lambda: len(_pods(url)) == 4 and _kubelet_marks_ready(url), 60)
-            _eventually(
+            eventually(
+                lambda: len(_pods(url)) == 4 and _kubelet_marks_ready(url),
+                timeout_s=OPERATOR_S,
+                what="4 pods, marked Ready",
+            )
+            eventually(
                 lambda: (
                     (pool := _status(url, f"{NS}/rolloutpools/mixed")).get("tokensPerSecond")
                     and pool.get("versions")
+                    and pool.get("ready") == "4/4"
                 ),
-                60,
+                timeout_s=60,
+                what="the pool's status showing throughput, versions and 4/4 ready",
             )
             config = write_kubeconfig(tmp_path / "kubeconfig", url)
             shown = subprocess.run(
@@ -563,14 +652,19 @@ def test_the_operator_runs_the_control_loop_on_the_pools_pods(tmp_path: Path) ->
             print(shown)  # the README quotes it
             scraped += httpx.get(f"{local.endpoints['mixed-h800-0']}/metrics").text
             scraped += httpx.get(f"{local.trainer}/metrics").text
-            status = _eventually(
+            status = eventually(
                 lambda: _run_status(url).get("phase") == "Succeeded" and _run_status(url),
-                timeout=120,
+                timeout_s=120,
+                what="the run Succeeded",
             )
             # A finished run frees its pool.
-            _eventually(lambda: _status(url, f"{NS}/rolloutpools/mixed").get("run") is None, 60)
+            eventually(
+                lambda: _status(url, f"{NS}/rolloutpools/mixed").get("run") is None,
+                timeout_s=OPERATOR_S,
+                what="the finished run's pool released",
+            )
             events = call(url, "GET", "/api/v1/namespaces/default/events")["items"]
-    assert status["policyVersion"] == 12 and status["step"] == 12
+    assert status["policyVersion"] == iterations and status["step"] == iterations
     rows = [line.split() for line in shown.splitlines()]
     pool_row = next(r for r in rows if r and r[0] == "rolloutpool.cadence.dev/mixed")
     assert pool_row[1:4] == ["4/4", "4", "digits"] and float(pool_row[5]) > 0
@@ -580,60 +674,99 @@ def test_the_operator_runs_the_control_loop_on_the_pools_pods(tmp_path: Path) ->
     for g in groups:  # what the loop saw, per group
         assert g["headroomTokens"] > 0 and "pendingTrajectories" in g and "meanContext" in g
     assert {"Bound", "Succeeded", "Released"} <= {e["reason"] for e in events}
-    assert reconcilers[0].metrics.runs == {}  # a finished run's series went with its loop
+    assert reconciler.metrics.runs == {}  # a finished run's series went with its loop
     _rbac_allows_what_the_operator_did(kube)
     _monitoring_reads_real_metrics(scraped)
     assert status["tokensPerSecond"] > 0 and 0 < status["latencyP50S"] <= status["latencyP95S"]
     assert status["tokensPerDollar"] > 0
-    _ledger_is_whole(tmp_path, 12 * 8 * 8)
+    _ledger_is_whole(tmp_path, iterations * 8 * 8)
 
 
 @contextlib.contextmanager
 def mid_run(
-    url: str, local: Local, docs: dict[str, dict[str, Any]], tmp_path: Path
+    url: str, local: Local, docs: dict[str, dict[str, Any]], tmp_path: Path, model: Path
 ) -> Iterator[Watcher]:
     """The pool, its processes and the run, with a Watcher polling, once the run has
     reached version 2; the Watcher is stopped on the way out."""
     call(url, "POST", f"{NS}/rolloutpools", docs["RolloutPool"])
-    with processes(url, local, docs["TrainingRun"], tmp_path):
+    with processes(url, local, docs["TrainingRun"], tmp_path, model):
         watcher = Watcher(url, local)
         watcher.start()
         try:
             call(url, "POST", f"{NS}/trainingruns", docs["TrainingRun"])
-            _eventually(lambda: _run_status(url).get("policyVersion", 0) >= 2, timeout=120)
+            eventually(
+                lambda: _run_status(url).get("policyVersion", 0) >= 2,
+                timeout_s=120,
+                what="the run at version 2",
+            )
             yield watcher
         finally:
             watcher.stop.set()
             watcher.join(timeout=10)
 
 
-def test_an_operator_restarted_mid_run_rebuilds_and_finishes_it(tmp_path: Path) -> None:
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_an_operator_restarted_mid_run_rebuilds_and_finishes_it(
+    tmp_path: Path, tiny_model: Path
+) -> None:
     local, docs = Local(), _docs(6)
     with emulator() as url:
         first = operator_thread(url, local.reconciler)
         first.__enter__()
-        with mid_run(url, local, docs, tmp_path) as watcher:
+        with mid_run(url, local, docs, tmp_path, tiny_model) as watcher:
             first.__exit__(None, None, None)  # the operator goes, its loop with it
             with operator_thread(url, local.reconciler):
-                _eventually(lambda: _run_status(url).get("phase") == "Succeeded", timeout=120)
+                eventually(
+                    lambda: _run_status(url).get("phase") == "Succeeded",
+                    timeout_s=120,
+                    what="the run Succeeded under the new operator",
+                )
     assert watcher.polls > 20 and watcher.doubles == []
     _ledger_is_whole(tmp_path, 6 * 8 * 8)
 
 
-def test_scale_in_mid_run_drains_the_chosen_worker_and_loses_nothing(tmp_path: Path) -> None:
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_scale_in_mid_run_drains_the_chosen_worker_and_loses_nothing(
+    tmp_path: Path, tiny_model: Path
+) -> None:
     local, docs = Local(), _docs(6)
-    with operator_on(local.reconciler) as url, mid_run(url, local, docs, tmp_path) as watcher:
+    with (
+        operator_on(local.reconciler) as operated,
+        mid_run(operated.url, local, docs, tmp_path, tiny_model) as watcher,
+    ):
+        url = operated.url
         call(url, "PATCH", f"{NS}/rolloutgroups/mixed-a910x/scale", {"spec": {"replicas": 1}})
-        _eventually(lambda: len(_pods(url, "a910x")) == 1)
-        _eventually(lambda: _run_status(url).get("phase") == "Succeeded", timeout=120)
+        eventually(
+            lambda: len(_pods(url, "a910x")) == 1,
+            timeout_s=OPERATOR_S,
+            what="the a910x group scaled in to 1 pod",
+        )
+        (scaled_in,) = eventually(
+            lambda: _events(url, "ScaledIn"), timeout_s=OPERATOR_S, what="a ScaledIn event"
+        )
+        gone = scaled_in["message"].removeprefix("pod ").split()[0]
+        eventually(
+            lambda: gone in watcher.drained,
+            timeout_s=OPERATOR_S,
+            what=f"{gone} drained, as the kubelet would",
+        )
+        drained_mid_run = list(watcher.drained)
+        eventually(
+            lambda: _run_status(url).get("phase") == "Succeeded",
+            timeout_s=120,
+            what="the run Succeeded",
+        )
         watcher.stop.set()
         watcher.join(timeout=10)
-        gone = watcher.drained
         auth = {"Authorization": f"Bearer {local.token}"}
         states = httpx.get(f"{local.host}/v1/states", headers=auth).json()["states"]
-    assert len(gone) == 1 and gone[0].startswith("mixed-a910x-")
-    assert states[gone[0]]["draining"] and not states[gone[0]]["residents"]
-    assert not states[gone[0]]["parked"]  # its work moved to the others
+        scaled = _events(url, "ScaledIn")
+    # One pod went while the run went on (the finished run's pods retire afterwards).
+    assert drained_mid_run == [gone] and gone.startswith("mixed-a910x-") and len(scaled) == 1
+    assert states[gone]["draining"] and not states[gone]["residents"]
+    assert not states[gone]["parked"]  # its work moved to the others
     assert watcher.doubles == []
     _ledger_is_whole(tmp_path, 6 * 8 * 8)
 
