@@ -27,18 +27,22 @@ from cadence.operator.scheduler.cadence import CadencePolicy
 from cadence.operator.scheduler.snapshot import Knobs
 from cadence.trainer.client import TrainerClient
 from cadence.trainer.ledger import Ledger
-from cadence.worker.tinymodel import make_tiny_llama
+from tests.helpers import eventually_async
+
+# Each test starts a trainer and two workers and trains a run end to end.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 TOKEN = "s3cret"
 ITERATIONS, GROUP, B = 6, 4, 4
+RUN_S = 300  # a whole run, on a loaded machine
 
 
 class Run:
     """A trainer process on a fixed port, two emulated workers, and loops on demand."""
 
-    def __init__(self, tmp: Path) -> None:
+    def __init__(self, tmp: Path, model: Path) -> None:
         self.tmp = tmp
-        self.model = make_tiny_llama(tmp / "model")
+        self.model = model
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.trainer: subprocess.Popen[bytes] | None = None
@@ -69,8 +73,8 @@ class Run:
 
 
 @pytest.fixture
-def run(tmp_path: Path) -> Iterator[tuple[Run, Workers]]:
-    r = Run(tmp_path)
+def run(tmp_path: Path, tiny_model: Path) -> Iterator[tuple[Run, Workers]]:
+    r = Run(tmp_path, tiny_model)
     r.start_trainer()
     args = ["--model-path", str(r.model), "--trainer-url", r.url]
     try:
@@ -85,6 +89,12 @@ def run(tmp_path: Path) -> Iterator[tuple[Run, Workers]]:
     finally:
         if r.trainer is not None and r.trainer.poll() is None:
             r.kill_trainer()
+
+
+async def _mid_run(r: Run) -> None:
+    await eventually_async(
+        _consumed_at_least(r, 2), timeout_s=RUN_S, what="2 batches consumed (mid-run)"
+    )
 
 
 def _consumed_at_least(r: Run, n: int) -> Callable[[], Awaitable[bool]]:
@@ -115,13 +125,25 @@ def test_a_trainer_killed_mid_run_resumes_from_its_ledger(run: tuple[Run, Worker
 
     async def scenario() -> None:
         loop = r.loop(workers)
-        task = asyncio.create_task(loop.run(_consumed_at_least(r, ITERATIONS)))
-        while not await _consumed_at_least(r, 2)():
-            await asyncio.sleep(0.1)
+        turns = 0  # the loop's turns: each asks whether the run is done
+        finished = _consumed_at_least(r, ITERATIONS)
+
+        async def done() -> bool:
+            nonlocal turns
+            turns += 1
+            return await finished()
+
+        task = asyncio.create_task(loop.run(done))
+        await _mid_run(r)
         r.kill_trainer()  # mid-run: deliveries now wait in the workers' outboxes
-        await asyncio.sleep(1.0)
+        down = turns
+
+        async def outlived() -> bool:  # the loop went on without its trainer
+            return turns >= down + 10
+
+        await eventually_async(outlived, timeout_s=60, what="10 loop turns with the trainer down")
         r.start_trainer()
-        await asyncio.wait_for(task, timeout=300)
+        await asyncio.wait_for(task, timeout=RUN_S)
         await loop.aclose()
 
     asyncio.run(scenario())
@@ -134,14 +156,13 @@ def test_a_control_loop_replaced_mid_run_rebuilds_its_view(run: tuple[Run, Worke
     async def scenario() -> None:
         first = r.loop(workers)
         task = asyncio.create_task(first.run(_consumed_at_least(r, ITERATIONS)))
-        while not await _consumed_at_least(r, 2)():
-            await asyncio.sleep(0.1)
+        await _mid_run(r)
         task.cancel()  # wherever it is, even between recording a placement and making it
         with pytest.raises(asyncio.CancelledError):
             await task
         await first.aclose()
         second = r.loop(workers)
-        await asyncio.wait_for(second.run(_consumed_at_least(r, ITERATIONS)), timeout=300)
+        await asyncio.wait_for(second.run(_consumed_at_least(r, ITERATIONS)), timeout=RUN_S)
         await second.aclose()
 
     asyncio.run(scenario())
@@ -156,10 +177,9 @@ def test_a_worker_killed_mid_run_is_lost_and_its_samples_requeued(
     async def scenario() -> str:
         loop = r.loop(workers, lost_after_s=1.0)
         task = asyncio.create_task(loop.run(_consumed_at_least(r, ITERATIONS)))
-        while not await _consumed_at_least(r, 2)():
-            await asyncio.sleep(0.05)
+        await _mid_run(r)
         workers.processes["w1"].send_signal(signal.SIGKILL)  # with whatever it held
-        await asyncio.wait_for(task, timeout=300)
+        await asyncio.wait_for(task, timeout=RUN_S)
         await loop.aclose()
         registry = CollectorRegistry()
         registry.register(loop.collector())
