@@ -15,22 +15,16 @@ from cadence.common.web import MAX_BODY_BYTES
 from cadence.trainer.app import create_app
 from cadence.trainer.config import TrainerConfig
 from cadence.trainer.trainer import Trainer
-from cadence.worker.tinymodel import make_tiny_llama
 
 from .factories import delivery
 
 AUTH = {"Authorization": "Bearer s3cret"}
 
 
-@pytest.fixture(scope="module")
-def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_tiny_llama(tmp_path_factory.mktemp("tiny"))
-
-
 @pytest.fixture
-def trainer(model: Path, tmp_path: Path) -> Iterator[Trainer]:
+def trainer(tiny_model: Path, tmp_path: Path) -> Iterator[Trainer]:
     config = TrainerConfig(
-        model_path=model, state_dir=tmp_path, group_size=2, batch_groups=2, iterations=3, eta=1
+        model_path=tiny_model, state_dir=tmp_path, group_size=2, batch_groups=2, iterations=3, eta=1
     )
     t = Trainer(config)
     yield t
@@ -87,9 +81,9 @@ def test_version_zero_is_published_with_its_checksum(trainer: Trainer) -> None:
 
 
 def test_publishing_and_prompts_are_refused_outside_external_mode_or_with_a_bad_sha(
-    trainer: Trainer, model: Path, tmp_path: Path
+    trainer: Trainer, tiny_model: Path, tmp_path: Path
 ) -> None:
-    body = {"version": 1, "weights_uri": str(model / "model.safetensors"), "sha256": "0" * 64}
+    body = {"version": 1, "weights_uri": str(tiny_model / "model.safetensors"), "sha256": "0" * 64}
     r = _call(trainer, "POST", "/v1/publish", json=body, headers=AUTH)
     assert r.status_code == 409 and r.json()["reason"] == "not_external"
     r = _call(trainer, "POST", "/v1/prompts", json={"prompts": [{"text": "hi"}]}, headers=AUTH)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
@@ -18,13 +19,15 @@ from cadence.trainer.api import SubmittedPrompt
 from cadence.trainer.client import TrainerClient
 from cadence.trainer.config import TrainerConfig
 from cadence.trainer.trainer import Trainer
-from cadence.worker.tinymodel import make_tiny_llama
 
 TOKEN = "s3cret"
 
 
-def test_an_external_trainer_drives_the_pool_through_the_client(tmp_path: Path) -> None:
-    model = make_tiny_llama(tmp_path / "model")
+@pytest.mark.slow
+def test_an_external_trainer_drives_the_pool_through_the_client(
+    tmp_path: Path, tiny_model: Path
+) -> None:
+    model = tiny_model
     config = TrainerConfig(
         model_path=model,
         state_dir=tmp_path / "state",

@@ -14,18 +14,12 @@ from transformers import AutoModelForCausalLM
 from cadence.trainer.grpo import Scored, UpdateConfig, advantages, token_logprobs, update
 from cadence.worker.api import FreshStart, PlaceRequest, Sampling, TrajectoryState
 from cadence.worker.engine import EngineRequest
-from cadence.worker.tinymodel import make_tiny_llama
 from cadence.worker.torchsource import TorchTokenSource
 
 from ..worker.factories import Pool, moved
 from .factories import delivery
 
 PROMPT = [5, 17, 99, 3, 250, 8, 41, 7]
-
-
-@pytest.fixture(scope="module")
-def model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_tiny_llama(tmp_path_factory.mktemp("tiny"))
 
 
 def _model(path: Path) -> Any:
@@ -60,17 +54,17 @@ def _sampled(path: Path, temperature: float, n: int = 12) -> tuple[list[int], li
 
 
 @pytest.mark.parametrize("temperature", [0.0, 0.7, 1.0])
-def test_recomputed_logprobs_match_the_workers(model_path: Path, temperature: float) -> None:
-    tokens, logprobs = _sampled(model_path, temperature)
+def test_recomputed_logprobs_match_the_workers(tiny_model: Path, temperature: float) -> None:
+    tokens, logprobs = _sampled(tiny_model, temperature)
     with torch.inference_mode():
-        mine = token_logprobs(_model(model_path), PROMPT + tokens, temperature)[len(PROMPT) - 1 :]
+        mine = token_logprobs(_model(tiny_model), PROMPT + tokens, temperature)[len(PROMPT) - 1 :]
     assert torch.allclose(mine, torch.tensor(logprobs), atol=1e-4)
 
 
 @pytest.mark.parametrize("lr", [1e-2, 0.0])
-def test_an_update_makes_the_rewarded_completion_likelier(model_path: Path, lr: float) -> None:
-    model = _model(model_path)
-    good, good_lp = _sampled(model_path, 1.0, 8)
+def test_an_update_makes_the_rewarded_completion_likelier(tiny_model: Path, lr: float) -> None:
+    model = _model(tiny_model)
+    good, good_lp = _sampled(tiny_model, 1.0, 8)
     bad = [(t + 1) % 1000 for t in good]
     with torch.inference_mode():
         bad_lp = token_logprobs(model, PROMPT + bad, 1.0)[len(PROMPT) - 1 :].tolist()
@@ -90,12 +84,12 @@ def test_an_update_makes_the_rewarded_completion_likelier(model_path: Path, lr: 
         assert after == pytest.approx(before, abs=1e-4)
 
 
-def test_logprobs_of_a_trajectory_that_migrated_match_the_workers(model_path: Path) -> None:
+def test_logprobs_of_a_trajectory_that_migrated_match_the_workers(tiny_model: Path) -> None:
     """Decoded on one emulated worker, evicted, finished on another: the trainer's
     recomputed logprobs match what both workers reported."""
     pool = Pool()
-    a = pool.add("a", source=TorchTokenSource(model_path))
-    b = pool.add("b", source=TorchTokenSource(model_path))
+    a = pool.add("a", source=TorchTokenSource(tiny_model))
+    b = pool.add("b", source=TorchTokenSource(tiny_model))
     sampling = Sampling(temperature=0.8, seed=11)
     start = FreshStart(prompt_token_ids=PROMPT, max_tokens=16, sampling=sampling)
 
@@ -114,5 +108,5 @@ def test_logprobs_of_a_trajectory_that_migrated_match_the_workers(model_path: Pa
     tokens = [t for turn in state.turns for t in turn.token_ids]
     given = [lp for turn in state.turns for lp in turn.logprobs or []]
     with torch.inference_mode():
-        mine = token_logprobs(_model(model_path), PROMPT + tokens, 0.8)[len(PROMPT) - 1 :]
+        mine = token_logprobs(_model(tiny_model), PROMPT + tokens, 0.8)[len(PROMPT) - 1 :]
     assert torch.allclose(mine, torch.tensor(given), atol=1e-4)

@@ -7,17 +7,10 @@ import hashlib
 from pathlib import Path
 from typing import Any
 
-import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
 from cadence.trainer.weights import WeightStore, load_optimizer, save_optimizer
-from cadence.worker.tinymodel import make_tiny_llama
-
-
-@pytest.fixture(scope="module")
-def model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_tiny_llama(tmp_path_factory.mktemp("tiny"))
 
 
 def _model(path: Path) -> Any:
@@ -25,10 +18,10 @@ def _model(path: Path) -> Any:
 
 
 def test_versions_are_checksummed_and_only_the_kept_ones_remain(
-    model_path: Path, tmp_path: Path
+    tiny_model: Path, tmp_path: Path
 ) -> None:
     store = WeightStore(tmp_path)
-    model = _model(model_path)
+    model = _model(tiny_model)
     for v in range(4):
         digest = store.publish(model, v)
         assert digest == hashlib.sha256(store.path(v).read_bytes()).hexdigest()
@@ -36,8 +29,8 @@ def test_versions_are_checksummed_and_only_the_kept_ones_remain(
     assert store.versions() == [1, 3] and not store.has(0)
 
 
-def test_optimizer_state_round_trips_through_safetensors(model_path: Path, tmp_path: Path) -> None:
-    model = _model(model_path)
+def test_optimizer_state_round_trips_through_safetensors(tiny_model: Path, tmp_path: Path) -> None:
+    model = _model(tiny_model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     model(torch.tensor([[1, 2, 3]])).logits.sum().backward()
     optimizer.step()
@@ -45,7 +38,7 @@ def test_optimizer_state_round_trips_through_safetensors(model_path: Path, tmp_p
     store = WeightStore(tmp_path / "w")
     store.publish(model, 1)
 
-    restored = _model(model_path)
+    restored = _model(tiny_model)
     store.load_into(restored, 1)
     again = torch.optim.AdamW(restored.parameters(), lr=1e-2)
     load_optimizer(again, restored, tmp_path / "opt.safetensors")

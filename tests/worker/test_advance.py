@@ -21,16 +21,15 @@ from cadence.worker.api import (
 )
 from cadence.worker.core import Identity, Refused, WorkerCore
 from cadence.worker.emulated import EmulatedEngine
-from cadence.worker.tinymodel import make_tiny_llama
 from cadence.worker.torchsource import TorchTokenSource
 
 from .factories import FakeClock, deployment, fresh
 
 
 @pytest.fixture(scope="module")
-def model(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+def model(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """The tiny model (version 0) and a perturbed copy of its weights (version 1)."""
-    path = make_tiny_llama(tmp_path_factory.mktemp("tiny"))
+    path = tiny_model
     weights = load_file(path / "model.safetensors")
     generator = torch.Generator().manual_seed(1)
     changed = {

@@ -4,25 +4,25 @@ takes it over, and the dead destination's late messages are refused."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
 
-from cadence.worker.tinymodel import make_tiny_llama
+from tests.helpers import eventually
 
 from .factories import worker_processes
 
 AUTH = {"Authorization": "Bearer s3cret"}
+pytestmark = pytest.mark.slow  # two worker processes
 
 
 @pytest.fixture(scope="module")
-def workers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
-    model = make_tiny_llama(tmp_path_factory.mktemp("tiny"))
+def workers(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     with worker_processes(
         ["a", "c"],
-        lambda _: ["--model-path", str(model), "--grace-s", "1"],
+        lambda _: ["--model-path", str(tiny_model), "--grace-s", "1"],
         cwd=tmp_path_factory.mktemp("run"),
         env={"CADENCE_TOKEN": "s3cret"},
         within_s=120,
@@ -33,6 +33,12 @@ def workers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]
 def _state(url: str) -> dict[str, object]:
     state: dict[str, object] = httpx.get(f"{url}/v1/state", headers=AUTH).json()
     return state
+
+
+def _generated(url: str) -> int:
+    """Tokens its residents have decoded."""
+    residents: list[dict[str, int]] = httpx.get(f"{url}/v1/state", headers=AUTH).json()["residents"]
+    return sum(r["generated"] for r in residents)
 
 
 def test_a_dead_destinations_claim_is_superseded_by_the_next_attempt(
@@ -46,7 +52,7 @@ def test_a_dead_destinations_claim_is_superseded_by_the_next_attempt(
         "fresh": {"prompt_token_ids": [5, 6, 7, 8], "max_tokens": 100_000},
     }
     assert httpx.post(f"{a}/v1/trajectories", json=fresh, headers=AUTH).status_code == 200
-    time.sleep(0.3)
+    eventually(lambda: _generated(a) > 0, timeout_s=60, what="t decoding on a")
     evicted = httpx.post(f"{a}/v1/trajectories/t/evict", headers=AUTH).json()
     # Destination "b" claims (attempt 1), then dies: it never starts or acknowledges.
     claim = {"attempt": 1, "destination": "b", "lease_s": 600}

@@ -5,21 +5,15 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 
 from cadence.cli import main
-from cadence.worker.tinymodel import make_tiny_llama
+from tests.helpers import eventually
 
 from .factories import CADENCE, free_port, wait_healthy
-
-
-@pytest.fixture(scope="module")
-def model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_tiny_llama(tmp_path_factory.mktemp("tiny"))
 
 
 @pytest.mark.parametrize(
@@ -33,7 +27,7 @@ def model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     ],
 )
 def test_bad_settings_exit_2_in_one_sentence(
-    model_path: Path,
+    tiny_model: Path,
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
     argv: list[str],
@@ -43,13 +37,14 @@ def test_bad_settings_exit_2_in_one_sentence(
     monkeypatch.delenv("CADENCE_TOKEN", raising=False)
     for k, v in env.items():
         monkeypatch.setenv(k, v)
-    assert main(["worker", "--model-path", str(model_path), *argv]) == 2
+    assert main(["worker", "--model-path", str(tiny_model), *argv]) == 2
     err = capsys.readouterr().err
     assert err.startswith("cadence: error: ") and err.count("\n") == 1
     assert message in err
 
 
-def test_the_worker_serves_and_drains_on_sigterm(model_path: Path, tmp_path: Path) -> None:
+@pytest.mark.slow
+def test_the_worker_serves_and_drains_on_sigterm(tiny_model: Path, tmp_path: Path) -> None:
     port = free_port()
     token = tmp_path / "token"
     token.write_text("s3cret\n")
@@ -58,7 +53,7 @@ def test_the_worker_serves_and_drains_on_sigterm(model_path: Path, tmp_path: Pat
             *CADENCE,
             "worker",
             "--model-path",
-            str(model_path),
+            str(tiny_model),
             "--port",
             str(port),
             "--token-file",
@@ -87,8 +82,11 @@ def test_the_worker_serves_and_drains_on_sigterm(model_path: Path, tmp_path: Pat
         }
         assert httpx.post(f"{base}/v1/trajectories", json=body, headers=auth).status_code == 200
         proc.send_signal(signal.SIGTERM)
-        time.sleep(0.5)
-        state = httpx.get(f"{base}/v1/state", headers=auth).json()
+        state = eventually(
+            lambda: (s := httpx.get(f"{base}/v1/state", headers=auth).json())["parked"] and s,
+            timeout_s=30,
+            what="the worker draining, its resident parked",
+        )
         assert state["draining"] and [p["id"] for p in state["parked"]] == ["t"]
         assert httpx.get(f"{base}/readyz").status_code == 503
     finally:

@@ -12,15 +12,9 @@ import torch
 from cadence.worker.api import Sampling
 from cadence.worker.emulated import EmulatedEngine
 from cadence.worker.engine import EngineRequest
-from cadence.worker.tinymodel import make_tiny_llama
 from cadence.worker.torchsource import TorchTokenSource
 
 from .factories import FakeClock, deployment
-
-
-@pytest.fixture(scope="module")
-def model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
 
 
 def _generate(path: Path, sampling: Sampling, stops: list[int], total: int = 24) -> list[int]:
@@ -51,15 +45,15 @@ def _generate(path: Path, sampling: Sampling, stops: list[int], total: int = 24)
 @pytest.mark.parametrize(
     "sampling", [Sampling(temperature=0.0), Sampling(temperature=1.0, top_p=0.9, seed=7)]
 )
-def test_moves_do_not_change_what_is_generated(model_path: Path, sampling: Sampling) -> None:
-    whole = _generate(model_path, sampling, stops=[])
+def test_moves_do_not_change_what_is_generated(tiny_model: Path, sampling: Sampling) -> None:
+    whole = _generate(tiny_model, sampling, stops=[])
     assert 0 < len(whole) <= 24
-    assert _generate(model_path, sampling, stops=[5]) == whole
-    assert _generate(model_path, sampling, stops=[3, 9, 15]) == whole
+    assert _generate(tiny_model, sampling, stops=[5]) == whole
+    assert _generate(tiny_model, sampling, stops=[3, 9, 15]) == whole
 
 
-def test_logprobs_are_those_a_full_forward_pass_gives(model_path: Path) -> None:
-    source = TorchTokenSource(model_path)
+def test_logprobs_are_those_a_full_forward_pass_gives(tiny_model: Path) -> None:
+    source = TorchTokenSource(tiny_model)
     engine = EmulatedEngine(deployment(), source, clock=FakeClock())
     prompt = [5, 17, 99, 3]
     engine.add(EngineRequest("t", prompt, 6, Sampling(temperature=0.0)))

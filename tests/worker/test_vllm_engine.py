@@ -16,17 +16,13 @@ from transformers import AutoModelForCausalLM
 
 from cadence.worker.api import Sampling
 from cadence.worker.engine import EngineRequest, RoomError
-from cadence.worker.tinymodel import make_tiny_llama
 from cadence.worker.vllm_engine import VllmEngine
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 PROMPT = [5, 17, 99, 3, 250, 8, 41, 7]
 TOTAL = 40
 GREEDY = Sampling(temperature=0.0)
-
-
-@pytest.fixture(scope="module")
-def model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_tiny_llama(tmp_path_factory.mktemp("tiny"))
 
 
 @pytest.fixture(scope="module")
@@ -38,13 +34,13 @@ def loop() -> Iterator[asyncio.AbstractEventLoop]:
 
 @pytest.fixture(scope="module")
 def engines(
-    model_path: Path, loop: asyncio.AbstractEventLoop, monkeypatch_module: pytest.MonkeyPatch
+    tiny_model: Path, loop: asyncio.AbstractEventLoop, monkeypatch_module: pytest.MonkeyPatch
 ) -> Iterator[tuple[VllmEngine, VllmEngine]]:
     monkeypatch_module.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
 
     async def start() -> tuple[VllmEngine, VllmEngine]:
-        a = VllmEngine.start(model_path, max_model_len=1024, kv_blocks=64)
-        b = VllmEngine.start(model_path, max_model_len=1024, kv_blocks=64)
+        a = VllmEngine.start(tiny_model, max_model_len=1024, kv_blocks=64)
+        b = VllmEngine.start(tiny_model, max_model_len=1024, kv_blocks=64)
         return a, b
 
     a, b = loop.run_until_complete(start())
@@ -121,7 +117,7 @@ def test_a_moved_greedy_trajectory_is_token_identical(
 
 
 def test_logprobs_are_those_sampled_from_also_across_a_move(
-    engines: tuple[VllmEngine, VllmEngine], loop: asyncio.AbstractEventLoop, model_path: Path
+    engines: tuple[VllmEngine, VllmEngine], loop: asyncio.AbstractEventLoop, tiny_model: Path
 ) -> None:
     a, b = engines
     sampling = Sampling(temperature=0.5, seed=3)
@@ -138,7 +134,7 @@ def test_logprobs_are_those_sampled_from_also_across_a_move(
     first, lp_first = loop.run_until_complete(run(a, "lp-a", PROMPT))
     second, lp_second = loop.run_until_complete(run(b, "lp-b", PROMPT + first))
     tokens, given = first + second, torch.tensor(lp_first + lp_second)
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
     with torch.inference_mode():
         logits = model(torch.tensor([PROMPT + tokens])).logits[0, len(PROMPT) - 1 : -1]
     chosen = torch.tensor(tokens)[:, None]
@@ -169,10 +165,10 @@ async def _run_budget(engine: VllmEngine, rid: str, context: list[int], budget: 
     return request.output.token_ids
 
 
-def _perturbed(model_path: Path, into: Path) -> Path:
+def _perturbed(model: Path, into: Path) -> Path:
     """A copy of the model whose weights are those of a next policy version."""
-    shutil.copytree(model_path, into)
-    weights = load_file(model_path / "model.safetensors")
+    shutil.copytree(model, into)
+    weights = load_file(model / "model.safetensors")
     generator = torch.Generator().manual_seed(1)
     changed = {
         k: v + 0.5 * torch.randn(v.shape, generator=generator).to(v.dtype)
@@ -185,11 +181,11 @@ def _perturbed(model_path: Path, into: Path) -> Path:
 def test_new_weights_load_in_place(
     engines: tuple[VllmEngine, VllmEngine],
     loop: asyncio.AbstractEventLoop,
-    model_path: Path,
+    tiny_model: Path,
     tmp_path: Path,
 ) -> None:
     a, _ = engines
-    v1 = _perturbed(model_path, tmp_path / "v1")
+    v1 = _perturbed(tiny_model, tmp_path / "v1")
     before = loop.run_until_complete(_run(a, "w0", [], None))
     loop.run_until_complete(a.load_weights(v1 / "model.safetensors"))
     after = loop.run_until_complete(_run(a, "w1", [], None))
@@ -203,5 +199,5 @@ def test_new_weights_load_in_place(
             started.shutdown()
 
     assert after == loop.run_until_complete(reference())
-    loop.run_until_complete(a.load_weights(model_path / "model.safetensors"))
+    loop.run_until_complete(a.load_weights(tiny_model / "model.safetensors"))
     assert loop.run_until_complete(_run(a, "w2", [], None)) == before

@@ -5,7 +5,6 @@ advance to a new policy version, one from a file and one from its peer's copy.""
 from __future__ import annotations
 
 import hashlib
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,9 +13,11 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from cadence.worker.tinymodel import make_tiny_llama
+from tests.helpers import eventually
 
 from .factories import worker_processes
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 TOKEN = "s3cret"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -24,17 +25,12 @@ PROMPT = [5, 17, 99, 3, 250, 8, 41, 7]
 
 
 @pytest.fixture(scope="module")
-def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_tiny_llama(tmp_path_factory.mktemp("tiny"))
-
-
-@pytest.fixture(scope="module")
-def workers(model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+def workers(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     cwd = tmp_path_factory.mktemp("run")
     with worker_processes(
         ["a", "b"],
         lambda wid: [
-            *("--engine", "vllm", "--model-path", str(model), "--max-model-len", "1024"),
+            *("--engine", "vllm", "--model-path", str(tiny_model), "--max-model-len", "1024"),
             *("--grace-s", "1", "--weights-dir", str(cwd / wid)),
         ],
         cwd=cwd,
@@ -50,10 +46,8 @@ def _generated(url: str, rid: str) -> int:
 
 
 def _decode_until(url: str, rid: str, tokens: int) -> None:
-    deadline = time.monotonic() + 120
-    while _generated(url, rid) < tokens:
-        assert time.monotonic() < deadline, f"{rid} made no progress on {url}"
-        time.sleep(0.05)
+    what = f"{rid} decoding {tokens} tokens on {url}"
+    eventually(lambda: _generated(url, rid) >= tokens, timeout_s=120, what=what)
 
 
 def _tokens(url: str, wid: str, rid: str, attempt: int) -> list[int]:
@@ -105,11 +99,11 @@ def _greedy_tokens(url: str, rid: str, version: int) -> list[int]:
 
 
 def test_workers_advance_from_a_file_and_from_a_peer(
-    workers: dict[str, str], model: Path, tmp_path: Path
+    workers: dict[str, str], tiny_model: Path, tmp_path: Path
 ) -> None:
     a, b = workers["a"], workers["b"]
     before = _greedy_tokens(a, "v0", 0)
-    weights = load_file(model / "model.safetensors")
+    weights = load_file(tiny_model / "model.safetensors")
     generator = torch.Generator().manual_seed(1)
     v1 = tmp_path / "v1.safetensors"
     save_file(
