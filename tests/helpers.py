@@ -18,8 +18,8 @@ ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "manifests" / "examples"
 TRAINING_RUN = EXAMPLES / "trainingrun.yaml"  # a pool of two groups and a run on it
 HETEROGENEOUS = EXAMPLES / "heterogeneous.yaml"  # a pool of three accelerator types
-SCENARIOS = ROOT / "sim" / "scenarios"
-TINY_SCENARIO = SCENARIOS / "tiny-16A16B8H.yaml"
+SCENARIO_DIR = ROOT / "sim" / "scenarios"
+TINY_SCENARIO = SCENARIO_DIR / "tiny-16A16B8H.yaml"
 
 T = TypeVar("T")
 Falsy: TypeAlias = Literal[False] | None  # what a predicate returns while not yet: T is the rest

@@ -10,8 +10,9 @@ from cadence.operator.scheduler.registry import DEFAULT_POLICIES
 from cadence.sim import compare
 from cadence.sim.report import document
 from cadence.sim.scenario import Scenario
+from tests.helpers import TINY_SCENARIO
 
-TINY = Path(__file__).parents[2] / "sim" / "scenarios" / "tiny-16A16B8H.yaml"
+TINY = TINY_SCENARIO
 
 
 def test_the_tables_quote_each_run_with_its_bound_and_lag(tmp_path: Path) -> None:

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).parents[2]
+from tests.helpers import ROOT
 
 
 def test_python_run_from_the_repository_root_gets_the_standard_operator_module() -> None:

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from cadence.operator.scheduler.registry import SWEEPS
 from cadence.sim import compare
 from cadence.sim.scenario import Scenario
+from tests.helpers import TINY_SCENARIO
 
-TINY = Path(__file__).parents[2] / "sim" / "scenarios" / "tiny-16A16B8H.yaml"
+TINY = TINY_SCENARIO
 
 
 def test_sweep_reports_the_best_throughput_and_every_setting_tried() -> None:

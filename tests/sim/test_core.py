@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import itertools
 import random
-from pathlib import Path
 
 import pytest
 
@@ -12,8 +11,9 @@ from cadence.operator.scheduler import CadencePolicy, StrandingError
 from cadence.operator.scheduler.registry import POLICIES
 from cadence.sim.core import Simulation, Trajectory, _slowest_tenth_share
 from cadence.sim.scenario import Scenario
+from tests.helpers import TINY_SCENARIO
 
-TINY = Path(__file__).parents[2] / "sim" / "scenarios" / "tiny-16A16B8H.yaml"
+TINY = TINY_SCENARIO
 
 
 @pytest.fixture(scope="module", params=sorted(POLICIES))

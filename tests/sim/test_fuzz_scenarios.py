@@ -14,8 +14,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cadence.cli import main
+from tests.helpers import TINY_SCENARIO
 
-TINY = Path(__file__).parents[2] / "sim" / "scenarios" / "tiny-16A16B8H.yaml"
+TINY = TINY_SCENARIO
 BASE: dict[str, Any] = yaml.safe_load(TINY.read_text())
 
 # Numeric fields that must be positive (or non-negative) and have an upper bound, by path.

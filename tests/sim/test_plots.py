@@ -6,8 +6,9 @@ from pathlib import Path
 
 from cadence.sim import compare, plots
 from cadence.sim.scenario import Scenario
+from tests.helpers import TINY_SCENARIO
 
-TINY = Path(__file__).parents[2] / "sim" / "scenarios" / "tiny-16A16B8H.yaml"
+TINY = TINY_SCENARIO
 
 
 def test_runs_record_a_timeline_and_plots_are_pngs(tmp_path: Path) -> None:

@@ -14,8 +14,9 @@ from cadence.cli import main
 from cadence.operator.scheduler import Action, Admit, Snapshot
 from cadence.sim.core import STALL_S, Simulation, StallError
 from cadence.sim.scenario import Scenario
+from tests.helpers import TINY_SCENARIO
 
-TINY = Path(__file__).parents[2] / "sim" / "scenarios" / "tiny-16A16B8H.yaml"
+TINY = TINY_SCENARIO
 
 
 def _scenario(tmp_path: Path, **change: Any) -> Path:

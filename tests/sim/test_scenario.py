@@ -15,8 +15,9 @@ from pydantic import ValidationError
 from cadence.operator.scheduler import CadencePolicy
 from cadence.sim.core import Simulation
 from cadence.sim.scenario import Scenario
+from tests.helpers import TINY_SCENARIO
 
-TINY = Path(__file__).parents[2] / "sim" / "scenarios" / "tiny-16A16B8H.yaml"
+TINY = TINY_SCENARIO
 
 
 def _write(folder: Path, workload: dict[str, Any], **top: Any) -> Path:

@@ -11,8 +11,9 @@ import pytest
 from cadence.operator.scheduler import CadencePolicy
 from cadence.sim.core import Simulation
 from cadence.sim.scenario import Scenario
+from tests.helpers import SCENARIO_DIR, TINY_SCENARIO
 
-SCENARIOS = sorted((Path(__file__).parents[2] / "sim" / "scenarios").glob("*.yaml"))
+SCENARIOS = sorted(SCENARIO_DIR.glob("*.yaml"))
 
 
 def test_the_seed_scenarios_are_all_there() -> None:
@@ -42,7 +43,7 @@ def test_scenario_validates_and_deploys(path: Path) -> None:
 
 
 def test_the_traced_sample_is_the_longest_single_turn_sample_of_the_second_batch() -> None:
-    scenario = Scenario.load(Path(__file__).parents[2] / "sim" / "scenarios" / "tiny-16A16B8H.yaml")
+    scenario = Scenario.load(TINY_SCENARIO)
     scenario = scenario.model_copy(
         update={"workload": scenario.workload.model_copy(update={"multi_turn_share": 0.5})}
     )

@@ -9,8 +9,9 @@ import pytest
 import yaml
 
 from cadence.cli import main
+from tests.helpers import TINY_SCENARIO
 
-TINY = Path(__file__).parents[2] / "sim" / "scenarios" / "tiny-16A16B8H.yaml"
+TINY = TINY_SCENARIO
 
 
 def test_sim_writes_the_json_document(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

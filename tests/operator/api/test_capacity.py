@@ -10,8 +10,9 @@ import pytest
 from cadence.operator.api.capacity import check_capacity, group_capacities
 from cadence.operator.api.resources import ResourceError, load
 from cadence.operator.api.settings import knobs_of
+from tests.helpers import TRAINING_RUN
 
-EXAMPLE = Path(__file__).parents[3] / "manifests" / "examples" / "trainingrun.yaml"
+EXAMPLE = TRAINING_RUN
 
 
 def _load(tmp_path: Path, *edits: tuple[str, str]) -> Path:

@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from cadence.operator.api.resources import ResourceError, load
+from tests.helpers import TRAINING_RUN
 
-EXAMPLE = Path(__file__).parents[3] / "manifests" / "examples" / "trainingrun.yaml"
+EXAMPLE = TRAINING_RUN
 
 
 def test_the_example_validates() -> None:

@@ -6,7 +6,6 @@ the headless Service, token Secret and the trainer's objects, all valid for Kube
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import kubernetes_validate
@@ -15,8 +14,9 @@ import pytest
 from cadence.operator.api.resources import RolloutGroup, load
 from cadence.operator.kube import children
 from cadence.operator.kube.children import WorkerView, choose_for_scale_in
+from tests.helpers import HETEROGENEOUS
 
-EXAMPLE = Path(__file__).parents[3] / "manifests" / "examples" / "heterogeneous.yaml"
+EXAMPLE = HETEROGENEOUS
 
 
 def _with_uid(model: Any, uid: str) -> dict[str, Any]:

@@ -20,10 +20,10 @@ from pydantic import ValidationError
 from cadence.cli import main
 from cadence.operator.api.resources import RolloutGroup, RolloutPool, TrainingRun, groups_of, load
 from cadence.operator.kube import crds
+from tests.helpers import ROOT
 
 from .openapi import apply_defaults, at, rules, to_json_schema
 
-ROOT = Path(__file__).parents[3]
 EXAMPLE = ROOT / "manifests" / "examples" / "trainingrun.yaml"
 MODELS: dict[str, type[Any]] = {
     "RolloutPool": RolloutPool,

@@ -20,10 +20,10 @@ from pydantic import BaseModel
 
 from cadence.operator.api.resources import RolloutPool, TrainingRun, groups_of
 from cadence.operator.kube import crds
+from tests.helpers import ROOT
 
 from .openapi import to_json_schema
 
-ROOT = Path(__file__).parents[3]
 MANIFESTS = ROOT / "manifests"
 SCHEMAS = {
     k.name: crds.crd(k)["spec"]["versions"][0]["schema"]["openAPIV3Schema"] for k in crds.KINDS
@@ -54,6 +54,7 @@ def _check(doc: dict[str, Any]) -> None:
         assert kubernetes_validate.validate(doc, "1.30", strict=True) == "1.30"
 
 
+@pytest.mark.kubectl  # kubectl kustomize
 def test_the_base_renders_and_every_object_is_valid() -> None:
     docs = _kustomize(MANIFESTS / "base")
     kinds = sorted(d["kind"] for d in docs)
@@ -83,6 +84,7 @@ def test_the_base_renders_and_every_object_is_valid() -> None:
             assert doc["metadata"]["namespace"] == "cadence-system", doc["kind"]
 
 
+@pytest.mark.kubectl  # kubectl kustomize
 def test_the_operator_is_granted_nothing_by_wildcard() -> None:
     role = next(d for d in _kustomize(MANIFESTS / "base") if d["kind"] == "ClusterRole")
     for rule in role["rules"]:
@@ -127,6 +129,7 @@ def test_the_hpa_scales_a_rollout_group_the_example_pool_creates() -> None:
     assert target["apiVersion"] == "cadence.dev/v1alpha1"
 
 
+@pytest.mark.kubectl  # kubectl kustomize
 def test_the_monitoring_manifests_render_and_the_dashboard_parses() -> None:
     docs = _kustomize(MANIFESTS / "monitoring")
     for doc in docs:

@@ -12,8 +12,9 @@ import pytest
 from cadence.cli import main
 from cadence.operator.api.resources import load
 from cadence.operator.local.simulate import SimWorkload, scenario_of
+from tests.helpers import TRAINING_RUN
 
-EXAMPLE = Path(__file__).parents[3] / "manifests" / "examples" / "trainingrun.yaml"
+EXAMPLE = TRAINING_RUN
 
 
 def test_the_example_becomes_a_scenario_of_the_same_pool_and_knobs() -> None:
