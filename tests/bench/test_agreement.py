@@ -8,9 +8,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from cadence.bench.agreement import EXAMPLE, measure
 
 
+@pytest.mark.slow  # emulated runs of two policies
 def test_runtime_and_simulator_rank_sync_first_on_p95_latency(tmp_path: Path) -> None:
     result = measure(EXAMPLE, ["cadence", "sync"], 0.05, 3, tmp_path)
     for side in ("runtime", "simulator"):

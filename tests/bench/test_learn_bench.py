@@ -15,6 +15,8 @@ from cadence.bench.learn import learn
 from cadence.cli import main
 
 
+@pytest.mark.vllm
+@pytest.mark.slow
 @pytest.mark.parametrize("learning_rate", [2e-2, 0.0])
 def test_grpo_learns_the_digits_task_on_two_vllm_workers(
     tmp_path: Path, learning_rate: float
@@ -37,6 +39,7 @@ def test_grpo_learns_the_digits_task_on_two_vllm_workers(
     assert float(str(result["logprob_diff_max"])) < 0.5
 
 
+@pytest.mark.slow
 def test_with_eta_1_no_consumed_sample_is_more_than_one_version_old(tmp_path: Path) -> None:
     result = asyncio.run(learn(tmp_path, engine="emulated", iterations=4, eta=1))
     lags = result["lag_counts"]

@@ -10,6 +10,8 @@ import pytest
 from cadence.cli import main
 
 
+@pytest.mark.vllm
+@pytest.mark.slow
 def test_migration_bench_reports_identity_and_resume_times(
     capsys: pytest.CaptureFixture[str],
 ) -> None:

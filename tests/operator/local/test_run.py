@@ -6,12 +6,12 @@ with the field path."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import sqlite3
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -21,10 +21,12 @@ from cadence.operator.api.resources import load
 from cadence.operator.local.processes import CADENCE
 from cadence.operator.local.run import pool_workers, vllm_workers
 from cadence.operator.scheduler.registry import DEFAULT_POLICIES
+from tests.helpers import TRAINING_RUN, eventually
 
-EXAMPLE = Path(__file__).parents[3] / "manifests" / "examples" / "trainingrun.yaml"
+EXAMPLE = TRAINING_RUN
 
 
+@pytest.mark.slow
 def test_a_short_run_of_the_example_ends_every_sample_once(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -49,6 +51,7 @@ def test_a_short_run_of_the_example_ends_every_sample_once(
         assert (report / plot).stat().st_size > 0 and plot in page
 
 
+@pytest.mark.slow
 def test_under_chaos_every_admitted_sample_ends_exactly_once(tmp_path: Path) -> None:
     chaotic = tmp_path / "chaos.yaml"
     chaotic.write_text(EXAMPLE.read_text().replace("iterations: 30", "iterations: 6"))
@@ -73,6 +76,7 @@ def test_under_chaos_every_admitted_sample_ends_exactly_once(tmp_path: Path) -> 
     assert max(current for _, _, current in accepted) >= 1  # some ran again after a loss
 
 
+@pytest.mark.slow
 def test_compare_runs_each_of_the_six_policies_and_prints_them_side_by_side(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -106,6 +110,7 @@ def test_a_folder_that_holds_a_run_is_refused(
     )
 
 
+@pytest.mark.slow
 def test_ctrl_c_stops_every_child_process(tmp_path: Path) -> None:
     workdir = tmp_path / "run"
     run = subprocess.Popen(
@@ -118,11 +123,12 @@ def test_ctrl_c_stops_every_child_process(tmp_path: Path) -> None:
         return [pid for pid in _processes_naming(str(workdir)) if pid != run.pid]
 
     try:
-        deadline = time.monotonic() + 120
-        while len(children()) < 3 and time.monotonic() < deadline:  # trainer and two hosts
-            time.sleep(0.5)
+        what = "the trainer and two worker hosts"
+        eventually(lambda: len(children()) >= 3, timeout_s=120, what=what, every_s=0.5)
         assert len(children()) == 3
-        time.sleep(3)  # into the run
+        eventually(  # into the run
+            lambda: _admitted(workdir) > 0, timeout_s=120, what="the run admitting samples"
+        )
         run.send_signal(signal.SIGINT)
         _, err = run.communicate(timeout=60)
         left = children()
@@ -132,6 +138,14 @@ def test_ctrl_c_stops_every_child_process(tmp_path: Path) -> None:
             os.kill(pid, signal.SIGKILL)
     assert run.returncode == 130 and err.decode().rstrip().endswith("cadence: interrupted")
     assert left == []
+
+
+def _admitted(workdir: Path) -> int:
+    """Samples the run's trainer has admitted, from its ledger."""
+    ledger = workdir / "trainer" / "ledger.db"
+    with contextlib.closing(sqlite3.connect(f"file:{ledger}?mode=ro", uri=True)) as db:
+        count: int = db.execute("SELECT COUNT(*) FROM samples").fetchone()[0]
+    return count
 
 
 def _processes_naming(text: str) -> list[int]:
@@ -158,6 +172,8 @@ def test_a_vllm_run_says_plainly_when_it_starts_fewer_workers() -> None:
     assert vllm_workers(kept) == (kept, None)
 
 
+@pytest.mark.vllm
+@pytest.mark.slow
 def test_a_short_run_on_vllm_workers_trains_and_ends_every_sample(tmp_path: Path) -> None:
     small = tmp_path / "small.yaml"
     text = EXAMPLE.read_text().replace("replicas: 2", "replicas: 1")
@@ -173,6 +189,7 @@ def test_a_short_run_on_vllm_workers_trains_and_ends_every_sample(tmp_path: Path
     assert len(result["reward_by_version"]) >= 2
 
 
+@pytest.mark.slow
 def test_a_multi_turn_run_starts_the_reference_environment_for_its_workers(
     tmp_path: Path,
 ) -> None:
