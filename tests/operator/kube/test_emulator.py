@@ -27,6 +27,7 @@ EXAMPLE = TRAINING_RUN
 CRDS = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
 CADENCE = "/apis/cadence.dev/v1alpha1"
 DEFAULT = f"{CADENCE}/namespaces/default"
+pytestmark = pytest.mark.timeout(60)  # each takes a second or two
 
 
 def _load(path: Path) -> list[dict[str, Any]]:

@@ -46,6 +46,8 @@ PODS = "/api/v1/namespaces/default/pods"
 TIMER_S = 0.3
 # Waits on the operator: a chain of a few timer runs, on a loaded machine.
 OPERATOR_S = 30.0
+# A test against the operator takes seconds; the end-to-end ones say more.
+pytestmark = pytest.mark.timeout(120)
 
 
 def _pods(url: str, group: str | None = None) -> list[dict[str, Any]]:
