@@ -73,7 +73,10 @@ def worker_processes(
     yields {id: URL} once all are healthy, and stops them (SIGTERM, then kill). Output
     goes to `logs/<id>.log` when `logs` is given, else nowhere. The synchronous face of
     `Children`, for callers without an event loop."""
-    children, urls = Children(logs, env, grace_s=30.0, cwd=cwd), Workers()
+    # In the caller's session, as before: vLLM workers started in a session of their own
+    # here accepted trajectories and never decoded them (tests/worker/test_vllm_workers.py).
+    children = Children(logs, env, grace_s=30.0, cwd=cwd, new_session=False)
+    urls = Workers()
     try:
         for wid in ids:
             urls[wid] = children.start(wid, ["worker", "--id", wid, *args(wid)])
@@ -95,8 +98,10 @@ class Children:
         env: dict[str, str],
         grace_s: float = 10.0,
         cwd: Path | None = None,
+        new_session: bool = True,
     ) -> None:
         self.logs = logs
+        self.new_session = new_session
         self.env = {**os.environ, **env}
         self.grace_s = grace_s
         self.cwd = cwd
@@ -122,7 +127,8 @@ class Children:
             env=self.env,
             stdout=out,
             stderr=subprocess.STDOUT,
-            start_new_session=True,  # Ctrl-C reaches this process only; it stops them
+            # Ctrl-C reaches this process only; it stops them.
+            start_new_session=self.new_session,
         )
         if not isinstance(out, int):
             out.close()
