@@ -11,21 +11,15 @@ from pathlib import Path
 import pytest
 
 from cadence.operator.scheduler.snapshot import Knobs
-from cadence.worker.tinymodel import make_tiny_llama
 
 from .harness import LocalPool, trainer
 
 KNOBS = Knobs(h_min=16, delta=8, eta=1, min_decode=1, auto_h_min=True, auto_delta=True)
 
 
-@pytest.fixture(scope="module")
-def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_tiny_llama(tmp_path_factory.mktemp("tiny"))
-
-
 @pytest.fixture
-def pool(model: Path, tmp_path: Path) -> Iterator[LocalPool]:
-    t = trainer(model, tmp_path / "trainer")
+def pool(tiny_model: Path, tmp_path: Path) -> Iterator[LocalPool]:
+    t = trainer(tiny_model, tmp_path / "trainer")
     yield LocalPool(t)
     t.ledger.close()
 
