@@ -25,11 +25,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
 
     try:
         token = serve.read_token(args.token_file)
-        model_path = args.model_path
-        if model_path is None:
-            model_path = serve.DEFAULT_MODEL_DIR
-            if not (model_path / "config.json").is_file():
-                make_tiny_llama(model_path)
+        model_path = args.model_path or serve.DEFAULT_MODEL_DIR
         options = serve.WorkerOptions(
             worker_id=args.id,
             accelerator=args.accelerator,
@@ -50,12 +46,17 @@ def _cmd_worker(args: argparse.Namespace) -> int:
             env_timeout_s=args.env_timeout_s,
             env_tries=args.env_tries,
         )
-        serve.check(options)  # refuse bad settings before anything heavy starts
+        # Every setting is refused before anything heavy starts (making the default tiny
+        # model prints a progress bar and takes seconds).
+        bare = args.model_path is None
+        serve.check(options, model_files=not bare)
         hosted = [_hosted(options, spec) for spec in args.hosted or ()]
         for o in hosted:
-            serve.check(o)
+            serve.check(o, model_files=not bare)
         if hosted and options.engine != "emulated":
             raise UsageError("--hosted workers run on the emulated engine only")
+        if bare and not (model_path / "config.json").is_file():
+            make_tiny_llama(model_path)
     except serve.ConfigError as e:
         raise UsageError(str(e)) from None
     if hosted:

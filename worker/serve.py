@@ -79,14 +79,15 @@ def read_token(token_file: Path | None) -> str:
     return token
 
 
-def check(options: WorkerOptions) -> None:
-    """Refuse settings that cannot work, before anything heavy starts."""
+def check(options: WorkerOptions, *, model_files: bool = True) -> None:
+    """Refuse settings that cannot work, before anything heavy starts (`model_files`:
+    whether the model folder must hold a model already)."""
     if options.accelerator not in ACCELERATORS:
         known = ", ".join(sorted(ACCELERATORS))
         raise ConfigError(f"unknown accelerator {options.accelerator!r}; known: {known}")
     if options.model not in MODELS:
         raise ConfigError(f"unknown model {options.model!r}; known: {', '.join(MODELS)}")
-    if not (options.model_path / "config.json").is_file():
+    if model_files and not (options.model_path / "config.json").is_file():
         raise ConfigError(f"{options.model_path} holds no Hugging Face model (no config.json)")
     if options.compression <= 0:
         raise ConfigError("--compression must be positive")

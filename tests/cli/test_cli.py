@@ -109,8 +109,14 @@ def test_service_commands_refuse_bad_settings_in_one_sentence(
     message: str,
     capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
 ) -> None:
     monkeypatch.setenv("CADENCE_TOKEN", "t")
+    # A fresh home: no default model yet. Bad settings are refused before one is made
+    # (making it printed a progress bar into the one sentence).
+    from cadence.worker import serve  # noqa: PLC0415
+
+    monkeypatch.setattr(serve, "DEFAULT_MODEL_DIR", tmp_path / "tiny-llama")
     # An engine an earlier test left for the collector prints vLLM's AsyncLLM.__del__
     # noise to stderr when it is collected; collect it now, outside the sentence read.
     gc.collect()
@@ -119,6 +125,7 @@ def test_service_commands_refuse_bad_settings_in_one_sentence(
     err = capsys.readouterr().err
     assert err.startswith("cadence: error: ") and err.count("\n") == 1, err
     assert message in err
+    assert not (tmp_path / "tiny-llama").exists()
 
 
 EXAMPLE_RUN = Path(__file__).parents[2] / "manifests" / "examples" / "trainingrun.yaml"
