@@ -373,7 +373,26 @@ def check_pair(pool: RolloutPool, run: TrainingRun) -> None:
     try:
         check_capacity(pool, run)
     except StrandingError as e:
-        raise ResourceError(f"TrainingRun spec.model: {e}") from None
+        raise ResourceError(f"TrainingRun {_blamed(pool, run)}: {e}") from None
+
+
+def _blamed(pool: RolloutPool, run: TrainingRun) -> str:
+    """The field a capacity refusal names: a pinned floor or reserve when leaving it auto
+    would fit, else the model."""
+    from cadence.operator.api.capacity import check_capacity  # noqa: PLC0415
+    from cadence.operator.scheduler.errors import StrandingError  # noqa: PLC0415
+
+    s = run.spec.scheduler
+    pinned = [name for name, v in (("hMin", s.h_min), ("delta", s.delta)) if v != "auto"]
+    if not pinned:
+        return "spec.model"
+    auto = s.model_copy(update={"h_min": "auto", "delta": "auto"})
+    relaxed = run.model_copy(update={"spec": run.spec.model_copy(update={"scheduler": auto})})
+    try:
+        check_capacity(pool, relaxed)
+    except StrandingError:
+        return "spec.model"
+    return " and ".join(f"spec.scheduler.{name}" for name in pinned)
 
 
 def _where(e: ValidationError, kind: str) -> str:

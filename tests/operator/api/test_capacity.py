@@ -74,3 +74,17 @@ def test_every_scheduler_knob_of_the_run_reaches_the_policy(tmp_path: Path) -> N
     example = knobs_of(load(EXAMPLE)[1])
     assert not example.concentrate_without_fresh
     assert example.auto_h_min and example.auto_delta  # the example leaves both auto
+
+
+def test_a_pinned_floor_that_does_not_fit_is_blamed_not_the_model(tmp_path: Path) -> None:
+    bad = _load(
+        tmp_path,
+        ("    hMin: auto\n", "    hMin: 300000\n"),
+        (
+            "replicas: 2\n      pricePerHour: 1.2",
+            "replicas: 2\n      engine: {tensorParallel: 1}\n      pricePerHour: 1.2",
+        ),
+    )
+    with pytest.raises(ResourceError) as e:
+        load(bad)
+    assert str(e.value).startswith("TrainingRun spec.scheduler.hMin: ")

@@ -55,6 +55,11 @@ def _check(doc: dict[str, Any]) -> None:
 
 
 @pytest.mark.kubectl  # kubectl kustomize
+def test_the_top_level_kustomization_installs_the_base() -> None:
+    assert _kustomize(MANIFESTS) == _kustomize(MANIFESTS / "base")
+
+
+@pytest.mark.kubectl  # kubectl kustomize
 def test_the_base_renders_and_every_object_is_valid() -> None:
     docs = _kustomize(MANIFESTS / "base")
     kinds = sorted(d["kind"] for d in docs)
@@ -126,6 +131,7 @@ def test_the_hpa_scales_a_rollout_group_the_example_pool_creates() -> None:
     names = {g.metadata.name for g in groups_of(RolloutPool.model_validate(doc))}
     target = hpa["spec"]["scaleTargetRef"]
     assert target["kind"] == "RolloutGroup" and target["name"] in names
+    assert hpa["metadata"]["namespace"] == doc["metadata"].get("namespace", "default")
     assert target["apiVersion"] == "cadence.dev/v1alpha1"
 
 
