@@ -13,6 +13,7 @@ sentence naming the field path (`ResourceError`).
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, Literal, Self
 
@@ -29,6 +30,16 @@ GROUP = "cadence.dev"
 VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
+# Pools and runs name what the operator makes for them, so their names must leave every
+# derived name valid: a DNS-1035 label (a Service's name starts with a letter), and short
+# enough for "{pool}-workers" (a Service), "{pool}-{group}-{index}" (a pod's hostname,
+# index up to 5 digits) and "{run}-trainer" (a StatefulSet, whose revision-hash label
+# caps its name at 52).
+DNS_1035 = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
+POOL_NAME_MAX = 63 - len("-workers")
+POOL_AND_GROUP_MAX = 63 - len("--99999")
+RUN_NAME_MAX = 52 - len("-trainer")
+MAX_REPLICAS = 99_999
 
 
 class ResourceError(ValueError):
@@ -94,7 +105,7 @@ class GroupSettings(_Spec):
     affinity: int = Field(default=0, ge=0)
     replicas: int = Field(default=1, ge=0)
     min_replicas: int = Field(default=0, ge=0)
-    max_replicas: int = Field(default=64, ge=0)
+    max_replicas: int = Field(default=64, ge=0, le=MAX_REPLICAS)
     resources: dict[str, str] = {}
     node_selector: dict[str, str] = {}
     tolerations: list[Toleration] = []
@@ -155,12 +166,54 @@ class Metadata(_Spec):
     namespace: str = "default"
 
 
+POOL_NAME_RULES = (
+    _rule(
+        f"self.metadata.name.matches('{DNS_1035}') && size(self.metadata.name) <= {POOL_NAME_MAX}",
+        f"a pool's name starts with a letter and has at most {POOL_NAME_MAX} characters "
+        "(its workers' Service is named after it)",
+    ),
+    _rule(
+        f"self.spec.groups.all(g, size(self.metadata.name) + size(g.name) <= {POOL_AND_GROUP_MAX})",
+        f"a pool's name and each group's name have at most {POOL_AND_GROUP_MAX} characters "
+        "together (its worker pods are named pool-group-index)",
+    ),
+)
+RUN_NAME_RULES = (
+    _rule(
+        f"self.metadata.name.matches('{DNS_1035}') && size(self.metadata.name) <= {RUN_NAME_MAX}",
+        f"a run's name starts with a letter and has at most {RUN_NAME_MAX} characters "
+        "(its trainer's StatefulSet and Service are named after it)",
+    ),
+)
+
+
+def _check_name(name: str, longest: int, what: str) -> None:
+    if not re.fullmatch(DNS_1035, name) or len(name) > longest:
+        raise ValueError(
+            f"metadata.name {name!r}: a {what}'s name starts with a letter, holds only a-z, "
+            f"0-9 and '-', and has at most {longest} characters"
+        )
+
+
 class RolloutPool(_Spec):
     api_version: Literal["cadence.dev/v1alpha1"]
     kind: Literal["RolloutPool"]
     metadata: Metadata
     spec: RolloutPoolSpec
     status: RolloutPoolStatus | None = None
+
+    @model_validator(mode="after")
+    def _names(self) -> Self:
+        name = self.metadata.name
+        _check_name(name, POOL_NAME_MAX, "pool")
+        for g in self.spec.groups:
+            if len(name) + len(g.name) > POOL_AND_GROUP_MAX:
+                raise ValueError(
+                    f"pool {name!r} and group {g.name!r} have {len(name) + len(g.name)} "
+                    f"characters together; at most {POOL_AND_GROUP_MAX} (worker pods are "
+                    "named pool-group-index)"
+                )
+        return self
 
 
 class ModelRef(_Spec):
@@ -262,6 +315,11 @@ class TrainingRun(_Spec):
     spec: TrainingRunSpec
     status: TrainingRunStatus | None = None
 
+    @model_validator(mode="after")
+    def _names(self) -> Self:
+        _check_name(self.metadata.name, RUN_NAME_MAX, "run")
+        return self
+
 
 # --- status, written by the operator -------------------------------------------------------
 
@@ -331,6 +389,7 @@ class RolloutGroupStatus(_Spec):
     headroom_tokens: int = 0
     pending_tokens: int = 0  # work waiting for a worker of this type
     pending_trajectories: int = 0
+    conditions: list[Condition] = []
 
 
 class RolloutGroup(_Spec):

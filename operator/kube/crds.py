@@ -19,9 +19,12 @@ from typing import Any
 
 import yaml
 from pydantic import BaseModel
+from pydantic.config import JsonDict
 
 from cadence.operator.api.resources import (
     GROUP,
+    POOL_NAME_RULES,
+    RUN_NAME_RULES,
     VERSION,
     RolloutGroup,
     RolloutGroupSpec,
@@ -64,6 +67,7 @@ class Kind:
     description: str
     columns: tuple[Column, ...]
     scale: dict[str, str] = field(default_factory=dict)
+    rules: tuple[JsonDict, ...] = ()  # CEL on the whole object (its name)
 
     @property
     def name(self) -> str:
@@ -88,6 +92,7 @@ KINDS = (
             Column("Tok/s", "number", ".status.tokensPerSecond"),
             AGE,
         ),
+        rules=POOL_NAME_RULES,
     ),
     Kind(
         RolloutGroup,
@@ -126,6 +131,7 @@ KINDS = (
             Column("P95", "number", ".status.latencyP95S", "trajectory latency P95, seconds"),
             AGE,
         ),
+        rules=RUN_NAME_RULES,
     ),
 )
 
@@ -187,7 +193,7 @@ def _convert(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
 def schema(kind: Kind) -> dict[str, Any]:
     """The whole resource's schema: apiVersion, kind, metadata (the API server's own),
     spec and status."""
-    return {
+    out: dict[str, Any] = {
         "type": "object",
         "description": kind.description,
         "required": ["spec"],
@@ -199,6 +205,9 @@ def schema(kind: Kind) -> dict[str, Any]:
             "status": openapi(kind.status),
         },
     }
+    if kind.rules:
+        out["x-kubernetes-validations"] = list(kind.rules)
+    return out
 
 
 def crd(kind: Kind) -> dict[str, Any]:

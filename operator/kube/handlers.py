@@ -59,8 +59,9 @@ log = logging.getLogger("cadence.operator")
 
 Status = dict[str, Any]
 Events = list[tuple[str, str]]  # (reason, message) for the handler to publish
-STATES = {"Waiting", "Invalid"}  # reasons that announce a state: once per entry into it
-WARNINGS = {"Invalid"}
+# Reasons that announce a state: once per entry into it.
+STATES = {"Waiting", "Invalid", "ReconcileError"}
+WARNINGS = {"Invalid", "ReconcileError"}
 
 
 def pod_endpoint(pod: Mapping[str, Any]) -> str | None:
@@ -245,10 +246,20 @@ class Reconciler:
                 await self.kube.delete(path("v1", "pods", ns, name))
                 events.append(("ScaledIn", f"pod {name} drains and goes"))
                 live = [p for p in live if p["metadata"]["name"] != name]
+        ready = sum(_ready(p) for p in live)
         return {
             "replicas": len(live),
-            "readyReplicas": sum(_ready(p) for p in live),
+            "readyReplicas": ready,
             "selector": children.group_selector(group),
+            "conditions": [
+                condition(
+                    "Ready",
+                    ready == desired and desired > 0,
+                    "Workers",
+                    f"{ready} of {desired} workers ready",
+                ),
+                condition("Degraded", False, "Valid", "the spec is valid"),
+            ],
         }
 
     async def _release(self, ns: str, pool_name: str, events: Events) -> None:
@@ -400,67 +411,109 @@ class Reconciler:
             await client.aclose()
 
 
+Post = Callable[[Mapping[str, Any], str, str, bool], None]  # body, reason, message, warning
+
+
+def _post(body: Mapping[str, Any], reason: str, message: str, warning: bool) -> None:
+    post = kopf.warn if warning else kopf.info
+    post(body, reason=reason, message=message)  # type: ignore[arg-type]  # kopf's Body
+
+
+@dataclass
+class Handling:
+    """What wraps each reconciler for kopf: its status written with conditions that keep
+    their transition times, an invalid object or a failed reconcile said as `Degraded`
+    with an Event (once per entry into that state) and a log line, never retried in
+    silence; one run per object at a time."""
+
+    reconciler: Reconciler
+    post: Post = _post
+    # A state an object is in (waiting, invalid, failing) is announced when it enters it,
+    # not on every retry of its handlers: the last one announced per object.
+    said: dict[tuple[str, str, str], tuple[str, str]] = field(default_factory=dict)
+    # kopf runs an object's timer beside its change handlers, not after them: two runs of
+    # one object's reconciler at once would both act on what they saw (a group scaled in
+    # by its update handler and its timer lost two pods, not one). One at a time.
+    busy: defaultdict[tuple[str, str, str], asyncio.Lock] = field(
+        default_factory=lambda: defaultdict(asyncio.Lock)
+    )
+
+    def handler(
+        self, kind: str, call: Callable[[Mapping[str, Any], Events], Any]
+    ) -> Callable[..., Any]:
+        async def handler(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
+            key = (kind, body["metadata"].get("namespace", ""), body["metadata"]["name"])
+            async with self.busy[key]:
+                await self.reconcile(key, call, body, patch)
+
+        return handler
+
+    async def reconcile(
+        self,
+        key: tuple[str, str, str],
+        call: Callable[[Mapping[str, Any], Events], Any],
+        body: Mapping[str, Any],
+        patch: kopf.Patch,
+    ) -> None:
+        kind = key[0]
+        events: Events = []
+        before = (body.get("status") or {}).get("conditions") or []
+        try:
+            status = await call(body, events)
+        except Invalid as e:
+            patch.status["conditions"] = settled(
+                before,
+                [
+                    condition("Degraded", True, "Invalid", str(e)),
+                    condition("Ready", False, "Invalid", str(e)),
+                ],
+            )
+            if kind == "trainingruns":
+                patch.status["phase"] = "Degraded"
+            events = [("Invalid", str(e))]
+        except Exception as e:
+            # Anything else (the API refused a write, a bug): said on the object and in
+            # the log, not retried silently by kopf; the timer tries again.
+            log.exception("reconciling %s %s/%s failed", kind, key[1], key[2])
+            said = f"reconciling failed, retried every resync: {type(e).__name__}: {e}"
+            patch.status["conditions"] = settled(
+                before,
+                [
+                    condition("Degraded", True, "ReconcileError", said),
+                    condition("Ready", False, "ReconcileError", said),
+                ],
+            )
+            events = [("ReconcileError", said)]
+        else:
+            if "conditions" in status:
+                status["conditions"] = settled(before, status["conditions"])
+            patch.status.update(status)
+        for reason, message in events:
+            if reason in STATES:
+                if self.said.get(key) == (reason, message):
+                    continue
+                self.said[key] = (reason, message)
+            self.post(body, reason, message, reason in WARNINGS)
+            log.info("%s %s/%s: %s: %s", kind, key[1], key[2], reason, message)
+        if not any(reason in STATES for reason, _ in events):
+            self.said.pop(key, None)
+        self.reconciler.reconciles[key] += 1
+
+
 def register(
     registry: kopf.OperatorRegistry, reconciler: Reconciler, *, timer_interval_s: float = 5.0
 ) -> None:
     """The kopf handlers, on `registry` (tests pass a fresh one). Each object is also
     reconciled every `timer_interval_s` seconds, which is what notices changes no handler
     is called for (a pool released, a run deleted, a pod gone)."""
-
-    # A state an object is in (waiting, invalid) is announced when it enters it, not on
-    # every retry of its handlers: the last one announced per object.
-    said: dict[tuple[str, str, str], tuple[str, str]] = {}
-
-    # kopf runs an object's timer beside its change handlers, not after them: two runs of
-    # one object's reconciler at once would both act on what they saw (a group scaled in
-    # by its update handler and its timer lost two pods, not one). One at a time.
-    busy: defaultdict[tuple[str, str, str], asyncio.Lock] = defaultdict(asyncio.Lock)
-
-    def handle(kind: str, call: Callable[[Mapping[str, Any], Events], Any]) -> Callable[..., Any]:
-        async def handler(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
-            key = (kind, body["metadata"].get("namespace", ""), body["metadata"]["name"])
-            async with busy[key]:
-                await reconcile(key, body, patch)
-
-        async def reconcile(key: tuple[str, str, str], body: kopf.Body, patch: kopf.Patch) -> None:
-            events: Events = []
-            before = (body.get("status") or {}).get("conditions") or []
-            try:
-                status = await call(body, events)
-            except Invalid as e:
-                patch.status["conditions"] = settled(
-                    before,
-                    [
-                        condition("Degraded", True, "Invalid", str(e)),
-                        condition("Ready", False, "Invalid", str(e)),
-                    ],
-                )
-                if kind == "trainingruns":
-                    patch.status["phase"] = "Degraded"
-                events = [("Invalid", str(e))]
-            else:
-                if "conditions" in status:
-                    status["conditions"] = settled(before, status["conditions"])
-                patch.status.update(status)
-            for reason, message in events:
-                if reason in STATES:
-                    if said.get(key) == (reason, message):
-                        continue
-                    said[key] = (reason, message)
-                post = kopf.warn if reason in WARNINGS else kopf.info
-                post(body, reason=reason, message=message)
-            if not any(reason in STATES for reason, _ in events):
-                said.pop(key, None)
-            reconciler.reconciles[key] += 1
-
-        return handler
+    handling = Handling(reconciler)
 
     for plural, call in (
         ("rolloutpools", reconciler.pool),
         ("rolloutgroups", reconciler.group),
         ("trainingruns", reconciler.run),
     ):
-        handler = handle(plural, call)
+        handler = handling.handler(plural, call)
         resource = (GROUP, VERSION, plural)
         kopf.on.resume(*resource, id=f"{plural}-resume", registry=registry)(handler)
         kopf.on.create(*resource, id=f"{plural}-create", registry=registry)(handler)

@@ -192,3 +192,40 @@ def test_each_cel_rule_decides_as_the_model_does(
             MODELS[kind].model_validate(obj)
     else:
         MODELS[kind].model_validate(obj)
+
+
+NAME_CASES = [
+    # (kind, metadata.name, the first group's name or None, broken messages' start)
+    ("RolloutPool", "8xh800", None, ["a pool's name starts with a letter"]),
+    (
+        "RolloutPool",
+        "p" * 56,
+        None,
+        ["a pool's name starts with a letter", "a pool's name and each group's name"],
+    ),
+    ("RolloutPool", "p" * 50, "g" * 7, ["a pool's name and each group's name"]),
+    ("RolloutPool", "p" * 50, "g" * 6, []),
+    ("TrainingRun", "7b-grpo", None, ["a run's name starts with a letter"]),
+    ("TrainingRun", "r" * 45, None, ["a run's name starts with a letter"]),
+    ("TrainingRun", "r" * 44, None, []),
+]
+
+
+@pytest.mark.parametrize(("kind", "name", "group", "broken"), NAME_CASES)
+def test_names_every_derived_name_is_built_from_are_checked_by_both(
+    kind: str, name: str, group: str | None, broken: list[str]
+) -> None:
+    """A name a Service, pod or StatefulSet is derived from: refused where the user
+    writes it (CEL) and where the operator reads it (the model), with the same verdict."""
+    obj = copy.deepcopy(_examples()[kind])
+    obj["metadata"]["name"] = name
+    if group is not None:
+        obj["spec"]["groups"][0]["name"] = group
+    said = _cel_decides(kind, obj)
+    assert [s for s in said if not any(s.startswith(b) for b in broken)] == []
+    assert len(said) == len(broken)
+    if broken:
+        with pytest.raises(ValidationError, match=r"metadata\.name|characters together"):
+            MODELS[kind].model_validate(obj)
+    else:
+        MODELS[kind].model_validate(obj)

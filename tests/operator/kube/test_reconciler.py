@@ -5,13 +5,16 @@ back from the API after each step, as `kubectl get` would show it."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
+from typing import Any
 
+import kopf
 import pytest
 
 from cadence.operator.api.resources import API_VERSION
-from cadence.operator.kube.client import path
-from cadence.operator.kube.handlers import Events, Invalid, Reconciler
-from tests.helpers import example as _example
+from cadence.operator.kube.client import KubeError, path
+from cadence.operator.kube.handlers import Events, Handling, Invalid, Reconciler
+from tests.helpers import example
 
 from .memory_kube import MemoryKube
 
@@ -27,8 +30,8 @@ def _pods(kube: MemoryKube, group: str) -> list[str]:
 def _bound() -> tuple[MemoryKube, Reconciler, Events]:
     kube, events = MemoryKube(), Events()
     reconciler = Reconciler(kube)
-    pool = kube.put(_example("RolloutPool"))
-    run = kube.put(_example("TrainingRun"))
+    pool = kube.put(example("RolloutPool"))
+    run = kube.put(example("TrainingRun"))
 
     async def go() -> None:
         await reconciler.pool(pool, events)
@@ -89,8 +92,87 @@ def test_a_released_pool_retires_its_workers() -> None:
 
 def test_an_invalid_pool_is_refused_with_the_field_named() -> None:
     kube = MemoryKube()
-    bad = _example("RolloutPool")
+    bad = example("RolloutPool")
     bad["spec"]["groups"][0]["replicas"] = -1
     with pytest.raises(Invalid, match="replicas"):
         asyncio.run(Reconciler(kube).pool(kube.put(bad), []))
+    assert kube.of_kind("RolloutGroup") == []
+
+
+class _Said:
+    """The Events a handler posted: (reason, message, warning)."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, str, bool]] = []
+
+    def __call__(self, body: object, reason: str, message: str, warning: bool) -> None:
+        self.events.append((reason, message, warning))
+
+
+def _conditions(patch: kopf.Patch) -> dict[str, tuple[str, str]]:
+    return {c["type"]: (c["status"], c["reason"]) for c in patch.status["conditions"]}
+
+
+async def _handle(handling: Handling, kind: str, body: Mapping[str, Any]) -> kopf.Patch:
+    reconciler = handling.reconciler
+    call = {"rolloutpools": reconciler.pool, "rolloutgroups": reconciler.group}[kind]
+    patch = kopf.Patch()
+    await handling.handler(kind, call)(body=body, patch=patch)
+    return patch
+
+
+def test_a_groups_degraded_clears_once_its_spec_is_valid_again() -> None:
+    kube, reconciler, _ = _bound()
+    handling, said = Handling(reconciler), _Said()
+    handling.post = said
+    url = path(API_VERSION, "rolloutgroups", "default", "mixed-h800")
+
+    async def go() -> None:
+        bad = await kube.patch(url, {"spec": {"replicas": 20, "maxReplicas": 16}})
+        patch = await _handle(handling, "rolloutgroups", bad)
+        assert _conditions(patch)["Degraded"] == ("True", "Invalid")
+        bad = await kube.patch(url, {"status": patch.status})
+        good = await kube.patch(url, {"spec": {"replicas": 6}})
+        patch = await _handle(handling, "rolloutgroups", good)
+        assert _conditions(patch)["Degraded"] == ("False", "Valid")
+        assert patch.status["replicas"] == 6
+
+    asyncio.run(go())
+    assert [e[0] for e in said.events] == ["Invalid"]
+
+
+def test_a_reconcile_that_fails_is_degraded_with_one_event_not_retried_in_silence() -> None:
+    kube = MemoryKube()
+    pool = kube.put(example("RolloutPool"))
+
+    async def refuse(obj: Mapping[str, Any]) -> tuple[dict[str, Any], bool]:
+        raise KubeError(403, "rolloutgroups is forbidden")
+
+    kube.ensure = refuse  # type: ignore[method-assign]
+    handling, said = Handling(Reconciler(kube)), _Said()
+    handling.post = said
+
+    async def go() -> list[kopf.Patch]:
+        return [await _handle(handling, "rolloutpools", pool) for _ in range(3)]
+
+    patches = asyncio.run(go())
+    degraded = [p.status["conditions"] for p in patches]
+    assert all(
+        any(c["type"] == "Degraded" and c["reason"] == "ReconcileError" for c in cs)
+        for cs in degraded
+    )
+    assert len(said.events) == 1 and said.events[0][2]  # one warning, not one per retry
+    assert "403: rolloutgroups is forbidden" in said.events[0][1]
+
+
+def test_a_pool_whose_names_make_a_pod_name_too_long_is_invalid_not_retried() -> None:
+    kube = MemoryKube()
+    long = example("RolloutPool")
+    long["metadata"]["name"] = "a-pool-name-that-is-long-enough-to-overflow-a-pod"
+    long["spec"]["groups"][0]["name"] = "h800-group-x"
+    handling, said = Handling(Reconciler(kube)), _Said()
+    handling.post = said
+    patch = asyncio.run(_handle(handling, "rolloutpools", kube.put(long)))
+    assert _conditions(patch)["Degraded"] == ("True", "Invalid")
+    assert said.events[0][0] == "Invalid" and "at most 56" in said.events[0][1]
     assert kube.of_kind("RolloutGroup") == []
