@@ -298,6 +298,7 @@ class WorkerView:
     resident_tokens: int
     residents: int
     source: bool = False  # a concentration source (departure-only)
+    ready: bool = True  # Ready and answering; a pending or silent pod serves nobody yet
 
 
 def choose_for_scale_in(
@@ -308,9 +309,10 @@ def choose_for_scale_in(
 ) -> list[str]:
     """Up to `count` of `workers` to remove, one at a time (DESIGN.md): never the last
     non-source worker of a version with unfinished work, counting the pool's `others`
-    too; among the rest, a concentration source first, then the emptiest (fewest
-    resident tokens), then by name. Fewer than `count` when the rule protects the rest:
-    the caller waits for work to finish."""
+    too; among the rest, pods that are not ready (pending, unready, silent) first, then a
+    concentration source, then the emptiest (fewest resident tokens), then by name.
+    Fewer than `count` when the rule protects the rest: the caller waits for work to
+    finish."""
     left, chosen = list(workers), list[str]()
     while len(chosen) < count:
         protected = set()
@@ -321,7 +323,10 @@ def choose_for_scale_in(
         candidates = [w for w in left if w.pod not in protected]
         if not candidates:
             break
-        pick = min(candidates, key=lambda w: (not w.source, w.resident_tokens, w.residents, w.pod))
+        pick = min(
+            candidates,
+            key=lambda w: (w.ready, not w.source, w.resident_tokens, w.residents, w.pod),
+        )
         chosen.append(pick.pod)
         left.remove(pick)
     return chosen

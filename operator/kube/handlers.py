@@ -278,7 +278,8 @@ class Reconciler:
     ) -> tuple[list[children.WorkerView], list[children.WorkerView], set[int]]:
         """Every worker of the pool as scale-in sees it, from its own state (version,
         residents), split into this group's and the others; and the versions with
-        unfinished work. A worker that does not answer counts as holding nothing."""
+        unfinished work. A pod that is not Ready or does not answer is not ready: it
+        holds nothing the loop can reach, and goes first."""
         pool_obj = await self.kube.get(self._pool_url(ns, pool_name))
         token = None
         if pool_obj is not None:
@@ -289,7 +290,7 @@ class Reconciler:
         unfinished: set[int] = set()
         for pod in pods:
             name, url = pod["metadata"]["name"], self.endpoint(pod)
-            view = children.WorkerView(name, None, 0, 0)
+            view = children.WorkerView(name, None, 0, 0, ready=False)
             if url is not None and token:
                 client = WorkerClient(url, token, timeout_s=5.0)
                 try:
@@ -300,7 +301,9 @@ class Reconciler:
                     unfinished |= {r.version for r in st.residents}
                     unfinished |= {p.version for p in st.parked}
                     used = sum(r.context for r in st.residents)
-                    view = children.WorkerView(name, st.version, used, len(st.residents))
+                    view = children.WorkerView(
+                        name, st.version, used, len(st.residents), ready=_ready(pod)
+                    )
                 finally:
                     await client.aclose()
             (views if name in group_pods else others).append(view)

@@ -119,6 +119,10 @@ W = WorkerView
         ([W("a", 1, 0, 0), W("b", 2, 500, 2)], {2}, 1, ["a"]),
         # One at a time: the second of two workers of v becomes the last, and stays.
         ([W("a", 3, 50, 1), W("b", 3, 60, 1)], {3}, 2, ["a"]),
+        # A pod that is not ready (pending, unready, silent) goes before a ready one,
+        # however full or empty: it serves nobody yet.
+        ([W("a", 1, 0, 0), W("z", None, 0, 0, ready=False)], {1}, 1, ["z"]),
+        ([W("a", 1, 0, 0), W("b", 1, 900, 3, ready=False)], {1}, 1, ["b"]),
     ],
 )
 def test_scale_in_chooses_by_the_design_rule(
