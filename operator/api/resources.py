@@ -15,10 +15,19 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, Literal, Self
+from typing import Annotated, Any, Literal, Self
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PlainValidator,
+    ValidationError,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
 from pydantic.alias_generators import to_camel
 from pydantic.config import JsonDict
 
@@ -74,6 +83,49 @@ class Toleration(_Spec):
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
 
 
+# Kubernetes' own patterns: a resource quantity (`1`, `500m`, `16Gi`) and a label's key
+# and value, so a bad device count or node selector is refused where it is written.
+QUANTITY = (
+    r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|"
+    r"([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
+)
+LABEL_KEY = (
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+    r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
+)
+LABEL_VALUE = r"^(([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9])?$"
+
+
+def _quantity(value: object) -> int | str:
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise ValueError(f"{value!r} is not a quantity (a number, or a string like 500m or 16Gi)")
+    if isinstance(value, int):
+        if value < 0:
+            raise ValueError(f"{value} is negative; a quantity is at least 0")
+        return value
+    if not re.fullmatch(QUANTITY, value):
+        raise ValueError(f"{value!r} is not a quantity (a number, or a string like 500m or 16Gi)")
+    return value
+
+
+# A device or memory request as Kubernetes writes it: `nvidia.com/gpu: 1` or `"16Gi"`.
+Quantity = Annotated[
+    int | str,
+    PlainValidator(_quantity),
+    WithJsonSchema(
+        {"anyOf": [{"type": "integer", "minimum": 0}, {"type": "string"}], "pattern": QUANTITY}
+    ),
+]
+LabelValue = Annotated[str, Field(pattern=LABEL_VALUE, max_length=63)]
+
+
+def _label_keys(selector: dict[str, str]) -> dict[str, str]:
+    for key in selector:
+        if not re.fullmatch(LABEL_KEY, key) or len(key.rpartition("/")[2]) > 63:
+            raise ValueError(f"node selector key {key!r} is not a label key")
+    return selector
+
+
 def _rule(rule: str, message: str) -> JsonDict:
     """A CEL rule the generated CRD carries (x-kubernetes-validations); the pydantic
     validator next to it checks the same, so both paths refuse the same objects."""
@@ -106,11 +158,15 @@ class GroupSettings(_Spec):
     replicas: int = Field(default=1, ge=0)
     min_replicas: int = Field(default=0, ge=0)
     max_replicas: int = Field(default=64, ge=0, le=MAX_REPLICAS)
-    resources: dict[str, str] = {}
-    node_selector: dict[str, str] = {}
+    resources: dict[str, Quantity] = {}
+    # Keys are checked by the model, not by CEL: a rule over a map's keys, whose length
+    # no schema bounds, can exceed the API server's cost budget for a CRD.
+    node_selector: dict[str, LabelValue] = Field(default={}, max_length=64)
     tolerations: list[Toleration] = []
     price_per_hour: float | None = Field(default=None, ge=0)
     engine: EngineSettings = EngineSettings()
+
+    _keys = field_validator("node_selector")(_label_keys)
 
     @model_validator(mode="after")
     def _rules(self) -> Self:
@@ -240,7 +296,7 @@ class Dataset(_Spec):
 
 class TrainerSpec(_Spec):
     image: str | None = None
-    resources: dict[str, str] = {}
+    resources: dict[str, Quantity] = {}
     learning_rate: float = Field(default=2e-2, ge=0)
     advantages: Literal["group", "batch"] = "group"
     clip_eps: float = Field(default=0.2, gt=0)

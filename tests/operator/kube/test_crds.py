@@ -128,7 +128,29 @@ BAD = [
     ("TrainingRun", ("spec", "scheduler", "policy"), "round-robin", None),
     ("TrainingRun", ("spec", "model", "catalog"), "GPT-9", None),
     ("RolloutGroup", ("spec", "replicas"), "two", None),
+    # A device count as Kubernetes reads quantities: "one" is not one.
+    ("RolloutPool", ("spec", "groups", 0, "resources", "nvidia.com/gpu"), "one", None),
+    ("TrainingRun", ("spec", "trainer", "resources", "memory"), "16 GB", None),
+    ("RolloutPool", ("spec", "groups", 0, "nodeSelector", "zone"), "bad value!", None),
 ]
+
+
+@pytest.mark.parametrize("count", [1, "1", "500m", "16Gi", 0])
+def test_a_quantity_is_taken_as_kubernetes_writes_it(count: int | str) -> None:
+    """`nvidia.com/gpu: 1` (an integer, as everyone writes it) is a quantity too."""
+    obj = copy.deepcopy(_examples()["RolloutPool"])
+    obj["spec"]["groups"][0]["resources"] = {"nvidia.com/gpu": count}
+    pool = MODELS["RolloutPool"].model_validate(obj)
+    assert pool.spec.groups[0].resources == {"nvidia.com/gpu": count}
+    jsonschema.validate(obj, to_json_schema(_schemas()["RolloutPool"]))
+
+
+@pytest.mark.parametrize("key", ["bad key!", "-zone", "a/b/c", "x" * 64])
+def test_a_node_selector_key_that_is_not_a_label_key_is_refused(key: str) -> None:
+    obj = copy.deepcopy(_examples()["RolloutPool"])
+    obj["spec"]["groups"][0]["nodeSelector"] = {key: "a"}
+    with pytest.raises(ValidationError, match="is not a label key"):
+        MODELS["RolloutPool"].model_validate(obj)
 
 
 @pytest.mark.parametrize(("kind", "path", "value", "_"), BAD)
@@ -138,7 +160,7 @@ def test_the_schemas_refuse_what_the_models_refuse(
     obj = copy.deepcopy(_examples()[kind])
     node = obj
     for part in path[:-1]:
-        node = node[part]
+        node = node.setdefault(part, {}) if isinstance(part, str) else node[part]
     node[path[-1]] = value
     with pytest.raises(ValidationError):
         MODELS[kind].model_validate(obj)
