@@ -391,6 +391,15 @@ class Condition(_Spec):
     observed_generation: int | None = None
 
 
+# Conditions as Kubernetes lists them: one per type, merged by type on apply.
+Conditions = Annotated[
+    list[Condition],
+    Field(
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]}
+    ),
+]
+
+
 class GroupStatus(_Spec):
     name: str
     ready: int = 0
@@ -409,7 +418,7 @@ class RolloutPoolStatus(_Spec):
     versions: str = ""  # policy versions served, e.g. "3,4"
     tokens_per_second: float = 0.0
     groups: list[GroupStatus] = []
-    conditions: list[Condition] = []
+    conditions: Conditions = []
 
 
 class TrainingRunStatus(_Spec):
@@ -423,7 +432,7 @@ class TrainingRunStatus(_Spec):
     # Knobs that hold but hurt, one sentence each (a pinned hMin below one control
     # period's growth on some worker).
     warnings: list[str] = []
-    conditions: list[Condition] = []
+    conditions: Conditions = []
 
 
 class RolloutGroupSpec(GroupSettings):
@@ -445,7 +454,7 @@ class RolloutGroupStatus(_Spec):
     headroom_tokens: int = 0
     pending_tokens: int = 0  # work waiting for a worker of this type
     pending_trajectories: int = 0
-    conditions: list[Condition] = []
+    conditions: Conditions = []
 
 
 class RolloutGroup(_Spec):

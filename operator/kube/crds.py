@@ -75,6 +75,14 @@ class Kind:
 
 
 AGE = Column("Age", "date", ".metadata.creationTimestamp")
+# An invalid or failing object shows it in `kubectl get`, not as an empty row.
+DEGRADED = Column(
+    "Degraded",
+    "string",
+    '.status.conditions[?(@.type=="Degraded")].status',
+    "spec invalid or failing",
+)
+READY = Column("Ready", "string", '.status.conditions[?(@.type=="Ready")].status')
 
 KINDS = (
     Kind(
@@ -90,6 +98,7 @@ KINDS = (
             Column("Run", "string", ".status.run", "the TrainingRun it serves"),
             Column("Versions", "string", ".status.versions", "policy versions served"),
             Column("Tok/s", "number", ".status.tokensPerSecond"),
+            DEGRADED,
             AGE,
         ),
         rules=POOL_NAME_RULES,
@@ -108,6 +117,7 @@ KINDS = (
             Column("Desired", "integer", ".spec.replicas"),
             Column("Ready", "integer", ".status.readyReplicas"),
             Column("Pending", "integer", ".status.pendingTrajectories", "work waiting for it"),
+            DEGRADED,
             AGE,
         ),
         scale={
@@ -129,6 +139,8 @@ KINDS = (
             Column("Version", "integer", ".status.policyVersion"),
             Column("Tok/s", "number", ".status.tokensPerSecond"),
             Column("P95", "number", ".status.latencyP95S", "trajectory latency P95, seconds"),
+            READY,
+            DEGRADED,
             AGE,
         ),
         rules=RUN_NAME_RULES,

@@ -74,7 +74,7 @@ def _now() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def condition(kind: str, true: bool, reason: str, message: str = "") -> dict[str, Any]:
+def condition(kind: str, true: bool, reason: str, message: str) -> dict[str, Any]:
     return {
         "type": kind,
         "status": "True" if true else "False",
@@ -85,16 +85,22 @@ def condition(kind: str, true: bool, reason: str, message: str = "") -> dict[str
 
 
 def settled(
-    before: Sequence[Mapping[str, Any]], after: list[dict[str, Any]]
+    before: Sequence[Mapping[str, Any]],
+    after: list[dict[str, Any]],
+    generation: int | None = None,
 ) -> list[dict[str, Any]]:
     """`after`, each condition keeping its earlier lastTransitionTime where its status
-    did not change: the time says when it became so, not when it was last checked."""
+    did not change (the time says when it became so, not when it was last checked), and
+    saying which generation of the spec it was observed on."""
     old = {c.get("type"): c for c in before}
     out = []
-    for c in after:
-        prev = old.get(c["type"]) or {}
-        kept = prev.get("status") == c["status"] and "lastTransitionTime" in prev
-        out.append({**c, "lastTransitionTime": prev["lastTransitionTime"]} if kept else c)
+    for new in after:
+        prev = old.get(new["type"]) or {}
+        kept = prev.get("status") == new["status"] and "lastTransitionTime" in prev
+        c = {**new, "lastTransitionTime": prev["lastTransitionTime"]} if kept else dict(new)
+        if generation is not None:
+            c["observedGeneration"] = generation
+        out.append(c)
     return out
 
 
@@ -192,9 +198,19 @@ class Reconciler:
                 for g in groups
             ],
             "conditions": [
-                condition("Ready", ready == desired and desired > 0, "Workers"),
-                condition("Progressing", ready != desired, "Scaling"),
-                condition("Degraded", False, "Valid"),
+                condition(
+                    "Ready",
+                    ready == desired and desired > 0,
+                    "Workers",
+                    f"{ready} of {desired} workers ready",
+                ),
+                condition(
+                    "Progressing",
+                    ready != desired,
+                    "Scaling" if ready != desired else "Settled",
+                    f"{ready} of {desired} workers ready",
+                ),
+                condition("Degraded", False, "Valid", "the spec is valid"),
             ],
         }
 
@@ -343,7 +359,7 @@ class Reconciler:
         status: Status = {
             "conditions": [
                 condition("Ready", True, "Bound", f"RolloutPool {run.spec.pool}"),
-                condition("Degraded", False, "Valid"),
+                condition("Degraded", False, "Valid", "the spec is valid"),
             ],
         }
         # Once Running, the phase is the control loop's to write: this handler may have
@@ -461,6 +477,7 @@ class Handling:
         kind = key[0]
         events: Events = []
         before = (body.get("status") or {}).get("conditions") or []
+        generation = body["metadata"].get("generation")
         try:
             status = await call(body, events)
         except Invalid as e:
@@ -470,6 +487,7 @@ class Handling:
                     condition("Degraded", True, "Invalid", str(e)),
                     condition("Ready", False, "Invalid", str(e)),
                 ],
+                generation,
             )
             if kind == "trainingruns":
                 patch.status["phase"] = "Degraded"
@@ -485,11 +503,12 @@ class Handling:
                     condition("Degraded", True, "ReconcileError", said),
                     condition("Ready", False, "ReconcileError", said),
                 ],
+                generation,
             )
             events = [("ReconcileError", said)]
         else:
             if "conditions" in status:
-                status["conditions"] = settled(before, status["conditions"])
+                status["conditions"] = settled(before, status["conditions"], generation)
             patch.status.update(status)
         for reason, message in events:
             if reason in STATES:

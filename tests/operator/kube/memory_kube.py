@@ -33,6 +33,7 @@ class MemoryKube:
         stored = copy.deepcopy(dict(obj))
         stored["metadata"].setdefault("uid", f"uid-{next(_uids)}")
         stored["metadata"].setdefault("namespace", "default")
+        stored["metadata"].setdefault("generation", 1)
         self.objects[path_of(stored)] = stored
         return stored
 
@@ -63,6 +64,8 @@ class MemoryKube:
         if url not in self.objects:
             raise KubeError(404, f"{url} not found")
         merge(self.objects[url], body)
+        if "spec" in body:  # as the API server counts changes to the spec
+            self.objects[url]["metadata"]["generation"] += 1
         return copy.deepcopy(self.objects[url])
 
     async def delete(self, url: str) -> bool:

@@ -6,6 +6,7 @@ pydantic validator beside it does."""
 from __future__ import annotations
 
 import copy
+import re
 from pathlib import Path
 from typing import Any
 
@@ -102,10 +103,20 @@ def test_the_crds_carry_status_scale_columns_short_names_and_the_category() -> N
         schema = version["schema"]["openAPIV3Schema"]
         for column in version["additionalPrinterColumns"]:
             node = schema
-            for part in column["jsonPath"].lstrip(".").split(".")[:-1]:
-                node = node["properties"][part]
+            # A filter (`conditions[?(@.type=="Ready")]`) reads the list's items.
+            json_path = re.sub(r"\[\?\(.*?\)\]", "[]", column["jsonPath"])
+            for part in json_path.lstrip(".").split(".")[:-1]:
+                node = node["properties"][part.removesuffix("[]")]
+                if part.endswith("[]"):
+                    node = node["items"]
             if not column["jsonPath"].startswith(".metadata"):
-                assert column["jsonPath"].split(".")[-1] in node["properties"], column
+                assert json_path.split(".")[-1] in node["properties"], column
+        # Conditions are a map by type (merged by type, as Kubernetes lists them), and
+        # every kind shows whether it is Degraded in `kubectl get`.
+        conditions = schema["properties"]["status"]["properties"]["conditions"]
+        assert conditions["x-kubernetes-list-type"] == "map"
+        assert conditions["x-kubernetes-list-map-keys"] == ["type"]
+        assert "Degraded" in [c["name"] for c in version["additionalPrinterColumns"]]
     scale = by_kind["RolloutGroup"]["versions"][0]["subresources"]["scale"]
     assert scale == {
         "specReplicasPath": ".spec.replicas",

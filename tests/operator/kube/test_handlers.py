@@ -15,16 +15,24 @@ from .memory_kube import MemoryKube
 
 def test_a_condition_keeps_its_transition_time_until_its_status_changes() -> None:
     before = [
-        {**condition("Ready", False, "Scaling"), "lastTransitionTime": "2026-01-01T00:00:00Z"},
-        {**condition("Degraded", False, "Valid"), "lastTransitionTime": "2026-01-01T00:00:00Z"},
+        {
+            **condition("Ready", False, "Scaling", "0 of 2 workers ready"),
+            "lastTransitionTime": "2026-01-01T00:00:00Z",
+        },
+        {
+            **condition("Degraded", False, "Valid", "the spec is valid"),
+            "lastTransitionTime": "2026-01-01T00:00:00Z",
+        },
     ]
-    after = settled(
-        before, [condition("Ready", True, "Workers"), condition("Degraded", False, "Valid")]
-    )
-    ready, degraded = after
+    now = [
+        condition("Ready", True, "Workers", "2 of 2 workers ready"),
+        condition("Degraded", False, "Valid", "the spec is valid"),
+    ]
+    ready, degraded = settled(before, now, generation=3)
+    assert ready["observedGeneration"] == degraded["observedGeneration"] == 3
     assert ready["status"] == "True" and ready["lastTransitionTime"] != "2026-01-01T00:00:00Z"
     assert degraded["lastTransitionTime"] == "2026-01-01T00:00:00Z"  # unchanged: kept
-    fresh = settled([], [condition("Progressing", True, "Scaling")])
+    fresh = settled([], [condition("Progressing", True, "Scaling", "0 of 2 workers ready")])
     assert fresh[0]["lastTransitionTime"].endswith("Z")
 
 

@@ -135,6 +135,9 @@ def test_a_groups_degraded_clears_once_its_spec_is_valid_again() -> None:
         good = await kube.patch(url, {"spec": {"replicas": 6}})
         patch = await _handle(handling, "rolloutgroups", good)
         assert _conditions(patch)["Degraded"] == ("False", "Valid")
+        generation = good["metadata"]["generation"]
+        assert {c["observedGeneration"] for c in patch.status["conditions"]} == {generation}
+        assert all(c["message"] for c in patch.status["conditions"])
         assert patch.status["replicas"] == 6
 
     asyncio.run(go())
