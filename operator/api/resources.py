@@ -295,12 +295,21 @@ class Dataset(_Spec):
 
 
 class TrainerSpec(_Spec):
+    """The trainer's pod: its image, devices and where it may run; and the update rule.
+    `keepState` keeps the ledger and weights' volume after the run is deleted."""
+
     image: str | None = None
     resources: dict[str, Quantity] = {}
+    node_selector: dict[str, LabelValue] = Field(default={}, max_length=64)
+    tolerations: list[Toleration] = []
+    storage: Quantity = "20Gi"
+    keep_state: bool = False
     learning_rate: float = Field(default=2e-2, ge=0)
     advantages: Literal["group", "batch"] = "group"
     clip_eps: float = Field(default=0.2, gt=0)
     epochs: int = Field(default=1, ge=1)
+
+    _keys = field_validator("node_selector")(_label_keys)
 
 
 AUTO_OR_TOKENS: JsonDict = {

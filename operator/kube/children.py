@@ -113,6 +113,28 @@ def token_secret(pool: RolloutPool, pool_obj: Mapping[str, Any]) -> dict[str, An
     }
 
 
+# CPU and memory every pod asks for unless its spec names them: no BestEffort pods, which
+# a node under pressure evicts first. Devices are requested and limited as given.
+WORKER_BASE = {"cpu": "2", "memory": "8Gi"}
+TRAINER_BASE = {"cpu": "2", "memory": "8Gi"}
+
+
+# Restricted-compatible where the image allows it: no privilege escalation, no
+# capabilities, the runtime's seccomp profile; no API token in pods that never call the
+# API. (runAsNonRoot waits for an image that names a non-root user.)
+POD_SECURITY = {"seccompProfile": {"type": "RuntimeDefault"}}
+CONTAINER_SECURITY = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+
+
+def _resources(given: Mapping[str, int | str], base: Mapping[str, str]) -> dict[str, Any]:
+    requests = {**base, **given}
+    limits = {k: v for k, v in given.items() if k not in ("cpu", "memory")}
+    out: dict[str, Any] = {"requests": requests}
+    if limits:
+        out["limits"] = limits
+    return out
+
+
 def worker_pod(
     pool: RolloutPool,
     group: RolloutGroup,
@@ -144,11 +166,15 @@ def worker_pod(
     turns = run.spec.multi_turn
     if turns.environment is not None and turns.environment != "calculator":
         args += ["--env-url", turns.environment, "--env-timeout-s", str(turns.timeout_s)]
-    devices = dict(g.resources)
     spec: dict[str, Any] = {
         "hostname": pod,
         "subdomain": f"{name}-workers",
         "terminationGracePeriodSeconds": DRAIN_GRACE_S,
+        "automountServiceAccountToken": False,
+        "securityContext": POD_SECURITY,
+        # vLLM's engine processes share tensors through /dev/shm, which a container
+        # otherwise gets at 64 MiB.
+        "volumes": [{"name": "shm", "emptyDir": {"medium": "Memory"}}],
         "containers": [
             {
                 "name": "worker",
@@ -163,7 +189,9 @@ def worker_pod(
                         },
                     }
                 ],
-                "resources": {"requests": devices, "limits": devices},
+                "resources": _resources(g.resources, WORKER_BASE),
+                "securityContext": CONTAINER_SECURITY,
+                "volumeMounts": [{"name": "shm", "mountPath": "/dev/shm"}],
                 "readinessProbe": {
                     "httpGet": {"path": "/readyz", "port": "control"},
                     "periodSeconds": 5,
@@ -211,7 +239,13 @@ def trainer_objects(
     refs = [owner(run_obj)]
     selector = {"cadence.dev/run": run.metadata.name, "app.kubernetes.io/component": "trainer"}
     pod_labels = {**labels(pool.metadata.name, "trainer"), "cadence.dev/run": run.metadata.name}
-    devices = dict(run.spec.trainer.resources)
+    t = run.spec.trainer
+    placement: dict[str, Any] = {}
+    if t.node_selector:
+        placement["nodeSelector"] = dict(t.node_selector)
+    if t.tolerations:
+        placement["tolerations"] = [x.model_dump(exclude_none=True) for x in t.tolerations]
+    kept = "Retain" if t.keep_state else "Delete"
     return [
         {
             "apiVersion": "v1",
@@ -255,7 +289,8 @@ def trainer_objects(
                                         },
                                     }
                                 ],
-                                "resources": {"requests": devices, "limits": devices},
+                                "resources": _resources(t.resources, TRAINER_BASE),
+                                "securityContext": CONTAINER_SECURITY,
                                 "readinessProbe": {"httpGet": {"path": "/healthz", "port": "http"}},
                                 "volumeMounts": [
                                     {"name": "state", "mountPath": TRAINER_STATE},
@@ -264,14 +299,19 @@ def trainer_objects(
                             }
                         ],
                         "volumes": [{"name": "config", "configMap": {"name": name}}],
+                        "automountServiceAccountToken": False,
+                        "securityContext": POD_SECURITY,
+                        **placement,
                     },
                 },
+                # The ledger and weights go with the run unless it asks to keep them.
+                "persistentVolumeClaimRetentionPolicy": {"whenDeleted": kept, "whenScaled": kept},
                 "volumeClaimTemplates": [
                     {
                         "metadata": {"name": "state"},
                         "spec": {
                             "accessModes": ["ReadWriteOnce"],
-                            "resources": {"requests": {"storage": "20Gi"}},
+                            "resources": {"requests": {"storage": t.storage}},
                         },
                     }
                 ],

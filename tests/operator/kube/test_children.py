@@ -68,8 +68,13 @@ def test_a_worker_pod_carries_labels_devices_selectors_probes_and_a_drain_grace(
     )
     assert meta["ownerReferences"][0]["uid"] == "group-uid"
     (container,) = spec["containers"]
-    assert container["resources"]["requests"] == {"huawei.com/Ascend910": "1"}
+    # Devices requested and limited as given; CPU and memory requested (never BestEffort).
+    requests = container["resources"]["requests"]
+    assert requests == {"huawei.com/Ascend910": "1", "cpu": "2", "memory": "8Gi"}
     assert container["resources"]["limits"] == {"huawei.com/Ascend910": "1"}
+    assert spec["automountServiceAccountToken"] is False
+    assert container["securityContext"]["allowPrivilegeEscalation"] is False
+    assert {"name": "shm", "mountPath": "/dev/shm"} in container["volumeMounts"]
     assert spec["tolerations"] == [
         {"key": "huawei.com/Ascend910", "operator": "Exists", "effect": "NoSchedule"}
     ]
@@ -101,6 +106,14 @@ def test_the_pool_and_run_objects_are_valid_kubernetes_objects() -> None:
     assert config["state_dir"] == "/var/lib/cadence"
     claim = objects[1]["spec"]["volumeClaimTemplates"][0]
     assert claim["spec"]["accessModes"] == ["ReadWriteOnce"]
+    # The ledger's volume goes with the run (keepState keeps it); the trainer runs where
+    # its devices are.
+    retention = objects[1]["spec"]["persistentVolumeClaimRetentionPolicy"]
+    assert retention == {"whenDeleted": "Delete", "whenScaled": "Delete"}
+    pod = objects[1]["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H800"}
+    assert pod["containers"][0]["resources"]["requests"]["memory"] == "256Gi"  # as given
+    assert "memory" not in pod["containers"][0]["resources"]["limits"]
 
 
 W = WorkerView
