@@ -141,6 +141,8 @@ class Reconciler:
     trainer_endpoint: Callable[[TrainingRun], str] = children.trainer_url
     status_every_s: float = 2.0  # a run's status is patched at most this often
     metrics: OperatorMetrics = field(default_factory=OperatorMetrics)
+    # How clients reach workers and trainers (tests route them in-process; None: network).
+    transport: httpx.AsyncBaseTransport | None = None
     # Handler runs that finished (an invalid object's too; not one that raised), per
     # (plural, namespace, name), whatever started them (a change, the timer): how a test
     # knows an object has been reconciled again since it last looked.
@@ -308,7 +310,7 @@ class Reconciler:
             name, url = pod["metadata"]["name"], self.endpoint(pod)
             view = children.WorkerView(name, None, 0, 0, ready=False)
             if url is not None and token:
-                client = WorkerClient(url, token, timeout_s=5.0)
+                client = WorkerClient(url, token, timeout_s=5.0, transport=self.transport)
                 try:
                     st = await client.state()
                 except (WorkerError, httpx.TransportError):
@@ -356,17 +358,56 @@ class Reconciler:
             events.append(("Bound", f"RolloutPool {run.spec.pool}"))
         for obj in children.trainer_objects(run, body, pool):
             await self.kube.ensure(obj)
+        missing = await self._not_serving(run, pool)
+        serving = not missing
+        said = "the trainer answers and every group has a ready worker"
         status: Status = {
             "conditions": [
-                condition("Ready", True, "Bound", f"RolloutPool {run.spec.pool}"),
+                condition("Ready", serving, "Serving" if serving else "Starting", missing or said),
+                condition(
+                    "Progressing",
+                    not serving,
+                    "Starting" if not serving else "Serving",
+                    missing or said,
+                ),
                 condition("Degraded", False, "Valid", "the spec is valid"),
             ],
         }
-        # Once Running, the phase is the control loop's to write: this handler may have
-        # read the run just before the loop wrote Succeeded, and must not undo it.
-        if phase != "Running":
-            status["phase"] = "Running"
+        # Starting until its control loop runs; once Running, the phase is the loop's to
+        # write: this handler may have read the run just before the loop wrote
+        # Succeeded, and must not undo it.
+        if phase not in ("Running", "Starting"):
+            status["phase"] = "Starting"
         return status
+
+    async def _not_serving(self, run: TrainingRun, pool: RolloutPool) -> str:
+        """What keeps `run` from being served, in a sentence; empty when its trainer
+        answers and every group of its pool has a ready worker."""
+        ns = run.metadata.namespace
+        missing = []
+        groups = await self.kube.list(
+            path(API_VERSION, "rolloutgroups", ns), {"cadence.dev/pool": pool.metadata.name}
+        )
+        for g in sorted(groups, key=lambda g: str(g["spec"]["group"])):
+            st = g.get("status") or {}
+            if st.get("readyReplicas", 0) < 1:
+                missing.append(f"group {g['spec']['group']} has no ready worker")
+        token = await self._token(ns, pool.spec.token_secret)
+        answered = False
+        if token is not None:
+            client = TrainerClient(
+                self.trainer_endpoint(run), token, timeout_s=2.0, transport=self.transport
+            )
+            try:
+                await client.stats()
+                answered = True
+            except (TrainerError, OSError, httpx.HTTPError):
+                pass
+            finally:
+                await client.aclose()
+        if not answered:
+            missing.insert(0, "the trainer does not answer yet")
+        return "; ".join(missing)
 
     async def control(self, body: kopf.Body, stopped: kopf.DaemonStopped) -> None:
         """The shared control loop for one TrainingRun, for as long as it is bound and
@@ -392,7 +433,9 @@ class Reconciler:
         token = await self._token(ns, pool.spec.token_secret)
         if token is None:
             return  # the pool's handler makes it; the daemon is restarted by kopf
-        client = TrainerClient(self.trainer_endpoint(run), token, timeout_s=5.0)
+        client = TrainerClient(
+            self.trainer_endpoint(run), token, timeout_s=5.0, transport=self.transport
+        )
         while not stopped:  # the trainer's pod may still be starting
             try:
                 await client.stats()

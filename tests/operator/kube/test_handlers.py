@@ -46,9 +46,9 @@ def test_the_run_handler_leaves_a_running_runs_phase_to_its_control_loop() -> No
     run["metadata"].update(namespace="default", uid="d1")  # the server sets the uid
     events: list[tuple[str, str]] = []
     fresh = asyncio.run(reconciler.run(run, events))
-    assert fresh["phase"] == "Running"  # bound now: the handler starts it
+    assert fresh["phase"] == "Starting"  # bound now; Running once its control loop runs
     running = asyncio.run(reconciler.run({**run, "status": {"phase": "Running"}}, events))
-    assert "phase" not in running and running["conditions"][0]["reason"] == "Bound"
+    assert "phase" not in running and running["conditions"][0]["type"] == "Ready"
 
 
 class _LoopFinishesMidHandler(MemoryKube):

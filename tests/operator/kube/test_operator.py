@@ -207,7 +207,8 @@ def test_a_pool_and_a_run_get_groups_pods_and_a_trainer(cluster: str) -> None:
     group_uid = next(g for g in groups if g["spec"]["group"] == "h800")["metadata"]["uid"]
     assert h800[0]["metadata"]["ownerReferences"][0]["uid"] == group_uid
     container = h800[0]["spec"]["containers"][0]
-    assert container["resources"]["requests"] == {"nvidia.com/gpu": "1"}
+    assert container["resources"]["requests"]["nvidia.com/gpu"] == "1"
+    assert container["resources"]["limits"] == {"nvidia.com/gpu": "1"}
     for kind, path in (
         ("StatefulSet", "/apis/apps/v1/namespaces/default/statefulsets/digits-trainer"),
         ("Service", "/api/v1/namespaces/default/services/digits-trainer"),
@@ -221,7 +222,10 @@ def test_a_pool_and_a_run_get_groups_pods_and_a_trainer(cluster: str) -> None:
         timeout_s=OPERATOR_S,
         what="the run's status",
     )
-    assert status["phase"] == "Running"
+    # Bound, but no trainer answers and no pod is ready here: Starting, and Ready says why.
+    assert status["phase"] == "Starting"
+    (ready,) = [c for c in status["conditions"] if c["type"] == "Ready"]
+    assert ready["status"] == "False" and "the trainer does not answer yet" in ready["message"]
     group = eventually(
         lambda: _status(cluster, f"{NS}/rolloutgroups/mixed-h800").get("selector"),
         timeout_s=OPERATOR_S,
@@ -313,9 +317,9 @@ def test_a_second_run_on_a_busy_pool_waits_saying_why(operated: Operated) -> Non
     call(cluster, "POST", f"{NS}/rolloutpools", example("RolloutPool"))
     call(cluster, "POST", f"{NS}/trainingruns", example("TrainingRun"))
     eventually(
-        lambda: _status(cluster, f"{NS}/trainingruns/digits").get("phase") == "Running",
+        lambda: _status(cluster, f"{NS}/rolloutpools/mixed").get("run") == "digits",
         timeout_s=OPERATOR_S,
-        what="the first run Running",
+        what="the pool bound to the first run",
     )
     second = example("TrainingRun")
     second["metadata"]["name"] = "digits-2"
@@ -425,11 +429,12 @@ def test_kubectl_shows_the_columns(cluster: str, tmp_path: Path) -> None:
     ).stdout
     print(out)  # the README quotes it
     lines = [line.split() for line in out.splitlines() if line.strip()]
-    assert lines[0] == ["NAME", "READY", "WORKERS", "RUN", "VERSIONS", "TOK/S", "AGE"]
+    assert lines[0] == ["NAME", "READY", "WORKERS", "RUN", "VERSIONS", "TOK/S", "DEGRADED", "AGE"]
     assert lines[1][0] == "rolloutpool.cadence.dev/mixed"
-    assert ["NAME", "POOL", "PHASE", "VERSION", "TOK/S", "P95", "AGE"] in lines
+    header = ["NAME", "POOL", "PHASE", "VERSION", "TOK/S", "P95", "READY", "DEGRADED", "AGE"]
+    assert header in lines
     run_row = next(line for line in lines if line[0] == "trainingrun.cadence.dev/digits")
-    assert run_row[1:3] == ["mixed", "Running"]
+    assert run_row[1:3] == ["mixed", "Starting"]  # no trainer answers here
 
 
 PODS_HERE = [

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import kopf
@@ -14,7 +15,11 @@ import pytest
 from cadence.operator.api.resources import API_VERSION
 from cadence.operator.kube.client import KubeError, path
 from cadence.operator.kube.handlers import Events, Handling, Invalid, Reconciler
+from cadence.trainer.app import create_app as trainer_app
+from cadence.trainer.config import TrainerConfig
+from cadence.trainer.trainer import Trainer
 from tests.helpers import example
+from tests.operator.control.harness import Router
 
 from .memory_kube import MemoryKube
 
@@ -179,3 +184,43 @@ def test_a_pool_whose_names_make_a_pod_name_too_long_is_invalid_not_retried() ->
     assert _conditions(patch)["Degraded"] == ("True", "Invalid")
     assert said.events[0][0] == "Invalid" and "at most 56" in said.events[0][1]
     assert kube.of_kind("RolloutGroup") == []
+
+
+def test_a_run_is_ready_only_once_its_trainer_answers_and_every_group_has_a_worker(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    kube, reconciler, _ = _bound()
+    router = Router()
+    reconciler.transport = router
+    reconciler.trainer_endpoint = lambda run: "http://trainer"
+    run_url = path(API_VERSION, "trainingruns", "default", "digits")
+    trainer = Trainer(TrainerConfig(model_path=tiny_model, state_dir=tmp_path))
+
+    def ready(status: dict[str, Any]) -> tuple[str, str]:
+        (c,) = [c for c in status["conditions"] if c["type"] == "Ready"]
+        return c["status"], c["message"]
+
+    async def go() -> None:
+        status = await reconciler.run(kube.objects[run_url], [])
+        assert status["phase"] == "Starting"
+        assert ready(status) == (
+            "False",
+            "the trainer does not answer yet; group a910x has no ready worker; "
+            "group h800 has no ready worker",
+        )
+        token = await reconciler._token("default", "cadence-token")
+        assert token is not None
+        router.add("trainer", trainer_app(trainer, token, train=False))
+        h800 = path(API_VERSION, "rolloutgroups", "default", "mixed-h800")
+        await kube.patch(h800 + "/status", {"status": {"readyReplicas": 1}})
+        status = await reconciler.run(kube.objects[run_url], [])
+        assert ready(status) == ("False", "group a910x has no ready worker")
+        a910x = path(API_VERSION, "rolloutgroups", "default", "mixed-a910x")
+        await kube.patch(a910x + "/status", {"status": {"readyReplicas": 2}})
+        status = await reconciler.run(kube.objects[run_url], [])
+        assert ready(status)[0] == "True"
+
+    try:
+        asyncio.run(go())
+    finally:
+        trainer.ledger.close()
