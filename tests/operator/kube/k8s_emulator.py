@@ -19,8 +19,8 @@ below closes those gaps:
 - watch streams are served as `application/json`, not octet-stream (kubectl refuses it).
 - creating a CustomResourceDefinition registers its resources and marks it Established.
 - a request accepting `as=Table` (what `kubectl get` sends) gets a `meta.k8s.io/v1`
-  Table rendered from the CRD's `additionalPrinterColumns` (dotted json paths only),
-  which a real API server does and kmock does not.
+  Table rendered from the CRD's `additionalPrinterColumns` (dotted json paths, and a
+  filter on a list by one field), which a real API server does and kmock does not.
 - deleting an object deletes its dependents (ownerReferences), as the cluster's garbage
   collector does with background propagation; kmock has no collector.
 - every request is recorded (`audit`: user agent, RBAC verb, group, resource), so a test
@@ -429,12 +429,23 @@ def _wants_table(request: kmock.Request) -> bool:
     return "as=Table" in request.headers.get("Accept", "")
 
 
+_FILTER = re.compile(r'^(\w+)\[\?\(@\.(\w+)=="([^"]*)"\)\]$')
+
+
 def _lookup(obj: Any, json_path: str) -> Any:
-    """Follow a dotted json path such as `.status.replicas`; None where it leads nowhere."""
+    """Follow a dotted json path such as `.status.replicas`, or with a filter on a list
+    such as `.status.conditions[?(@.type=="Ready")].status` (its first match), as
+    kube-apiserver renders printer columns; None where it leads nowhere."""
     if not json_path:
         return None
-    for key in json_path.strip(".").split("."):
-        obj = obj.get(key) if isinstance(obj, dict) else None
+    for key in re.split(r"\.(?![^\[]*\])", json_path.strip(".")):
+        found = _FILTER.match(key)
+        if found is None:
+            obj = obj.get(key) if isinstance(obj, dict) else None
+            continue
+        name, field, value = found.groups()
+        items = obj.get(name) if isinstance(obj, dict) else None
+        obj = next((i for i in items or [] if isinstance(i, dict) and i.get(field) == value), None)
     return obj
 
 

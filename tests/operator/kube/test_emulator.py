@@ -133,9 +133,9 @@ def test_kubectl_applies_and_prints_the_printer_columns(kubectl: Callable[..., s
         [" ".join(line.split()) for line in table.splitlines()]
         for table in printed.strip().split("\n\n")
     ]
-    assert pools[0] == "NAME READY WORKERS RUN VERSIONS TOK/S AGE"
+    assert pools[0] == "NAME READY WORKERS RUN VERSIONS TOK/S DEGRADED AGE"
     assert re.fullmatch(r"rolloutpool.cadence.dev/mixed \d+s", pools[1])
-    assert runs[0] == "NAME POOL PHASE VERSION TOK/S P95 AGE"
+    assert runs[0] == "NAME POOL PHASE VERSION TOK/S P95 READY DEGRADED AGE"
     assert re.fullmatch(r"trainingrun.cadence.dev/digits mixed \d+s", runs[1])
 
     again = kubectl("apply", "--validate=false", "-f", str(EXAMPLE))

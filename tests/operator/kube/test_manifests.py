@@ -131,7 +131,8 @@ def test_the_hpa_scales_a_rollout_group_the_example_pool_creates() -> None:
     names = {g.metadata.name for g in groups_of(RolloutPool.model_validate(doc))}
     target = hpa["spec"]["scaleTargetRef"]
     assert target["kind"] == "RolloutGroup" and target["name"] in names
-    assert hpa["metadata"]["namespace"] == doc["metadata"].get("namespace", "default")
+    # The namespace the README applies the example to (the NetworkPolicy's).
+    assert hpa["metadata"]["namespace"] == "cadence-system"
     assert target["apiVersion"] == "cadence.dev/v1alpha1"
 
 

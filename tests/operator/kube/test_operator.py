@@ -431,6 +431,7 @@ def test_kubectl_shows_the_columns(cluster: str, tmp_path: Path) -> None:
     lines = [line.split() for line in out.splitlines() if line.strip()]
     assert lines[0] == ["NAME", "READY", "WORKERS", "RUN", "VERSIONS", "TOK/S", "DEGRADED", "AGE"]
     assert lines[1][0] == "rolloutpool.cadence.dev/mixed"
+    assert lines[1][-2] == "False"  # Degraded, from its condition
     header = ["NAME", "POOL", "PHASE", "VERSION", "TOK/S", "P95", "READY", "DEGRADED", "AGE"]
     assert header in lines
     run_row = next(line for line in lines if line[0] == "trainingrun.cadence.dev/digits")
