@@ -87,6 +87,11 @@ def test_the_base_renders_and_every_object_is_valid() -> None:
         )
         if doc["kind"] not in cluster_wide:
             assert doc["metadata"]["namespace"] == "cadence-system", doc["kind"]
+    # The operator is probed while it starts, and runs with the resources it asks for.
+    (deployment,) = [d for d in docs if d["kind"] == "Deployment"]
+    (operator,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert operator["startupProbe"]["httpGet"]["path"] == "/healthz"
+    assert operator["resources"]["requests"]["memory"] == "256Mi"
 
 
 @pytest.mark.kubectl  # kubectl kustomize
