@@ -12,6 +12,9 @@ then the emptiest.
 from __future__ import annotations
 
 import base64
+import copy
+import hashlib
+import json
 import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -73,6 +76,29 @@ def rollout_groups(pool: RolloutPool, pool_obj: Mapping[str, Any]) -> list[dict[
         body["metadata"]["labels"] = labels(pool.metadata.name, "group")
         out.append(body)
     return out
+
+
+TEMPLATE_LABEL = "cadence.dev/template"  # a worker pod's template_hash
+
+
+def group_drift(current: Mapping[str, Any], wanted: Mapping[str, Any]) -> dict[str, Any]:
+    """The merge patch that brings a RolloutGroup's spec to what its pool now says,
+    leaving `replicas` (the group's own once made) as it is; None removes a field."""
+    keys = (set(current) | set(wanted)) - {"replicas"}
+    return {k: wanted.get(k) for k in sorted(keys) if current.get(k) != wanted.get(k)}
+
+
+def template_hash(pod: Mapping[str, Any]) -> str:
+    """What a worker pod runs, as a short hash: its spec without what names this one pod
+    (hostname, --id), so every pod of one template hashes alike."""
+    spec = copy.deepcopy(dict(pod["spec"]))
+    spec.pop("hostname", None)
+    for c in spec["containers"]:
+        args = c.get("args", [])
+        if "--id" in args:
+            args[args.index("--id") + 1] = ""
+    text = json.dumps(spec, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
 def headless_service(pool: RolloutPool, pool_obj: Mapping[str, Any]) -> dict[str, Any]:
@@ -208,7 +234,7 @@ def worker_pod(
         spec["nodeSelector"] = dict(g.node_selector)
     if g.tolerations:
         spec["tolerations"] = [t.model_dump(exclude_none=True) for t in g.tolerations]
-    return {
+    out: dict[str, Any] = {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {
@@ -219,6 +245,8 @@ def worker_pod(
         },
         "spec": spec,
     }
+    out["metadata"]["labels"][TEMPLATE_LABEL] = template_hash(out)
+    return out
 
 
 def trainer_name(run: TrainingRun) -> str:

@@ -153,13 +153,32 @@ class Reconciler:
 
     async def pool(self, body: Mapping[str, Any], events: Events) -> Status:
         pool: RolloutPool = validated(RolloutPool, body)
+        ns = pool.metadata.namespace
+        kept = set()
         for group in children.rollout_groups(pool, body):
-            _, created = await self.kube.ensure(group)
+            name = group["metadata"]["name"]
+            kept.add(name)
+            existing, created = await self.kube.ensure(group)
             if created:
-                events.append(("Created", f"RolloutGroup {group['metadata']['name']}"))
+                events.append(("Created", f"RolloutGroup {name}"))
+                continue
+            # The pool's settings reach its groups on every change; `replicas` stays the
+            # group's own (HPA's, /scale's). Its pods follow, one at a time (`group`).
+            drift = children.group_drift(existing["spec"], group["spec"])
+            if drift:
+                await self.kube.patch(path(API_VERSION, "rolloutgroups", ns, name), {"spec": drift})
+                events.append(("Updated", f"RolloutGroup {name}: {', '.join(sorted(drift))}"))
+        for old in await self.kube.list(
+            path(API_VERSION, "rolloutgroups", ns), {"cadence.dev/pool": pool.metadata.name}
+        ):
+            name = old["metadata"]["name"]
+            if name not in kept:
+                # A group removed from the pool goes; its pods go with it (owner
+                # references) and each drains on its SIGTERM.
+                await self.kube.delete(path(API_VERSION, "rolloutgroups", ns, name))
+                events.append(("Removed", f"RolloutGroup {name}: no longer in the pool"))
         await self.kube.ensure(children.headless_service(pool, body))
         await self.kube.ensure(children.token_secret(pool, body))
-        ns = pool.metadata.namespace
         bound = (body.get("status") or {}).get("run")
         run_obj = (
             await self.kube.get(path(API_VERSION, "trainingruns", ns, bound)) if bound else None
@@ -254,7 +273,16 @@ class Reconciler:
                     )
                     live.append(pod)
                 index += 1
-        elif len(live) > desired:
+        elif live and run_obj is not None and pool_obj is not None:
+            await self._roll(
+                group,
+                body,
+                pool=validated(RolloutPool, pool_obj),
+                run=validated(TrainingRun, run_obj),
+                live=live,
+                events=events,
+            )
+        if len(live) > desired:
             views, others, unfinished = await self._views(
                 ns, g.pool, {p["metadata"]["name"] for p in live}
             )
@@ -279,6 +307,34 @@ class Reconciler:
                 condition("Degraded", False, "Valid", "the spec is valid"),
             ],
         }
+
+    async def _roll(
+        self,
+        group: RolloutGroup,
+        body: Mapping[str, Any],
+        *,
+        pool: RolloutPool,
+        run: TrainingRun,
+        live: list[dict[str, Any]],
+        events: Events,
+    ) -> None:
+        """A pod whose template the group's spec no longer matches (a node selector,
+        resources, the image, engine settings changed) is replaced, one at a time and
+        only while every other pod is ready: it is deleted, its SIGTERM drains it, and
+        the next reconcile makes its replacement from the new template. A stale pod that
+        is not ready goes first."""
+        pod = children.worker_pod(pool, group, body, run, 0)
+        wanted = pod["metadata"]["labels"][children.TEMPLATE_LABEL]
+        stale = [p for p in live if p["metadata"]["labels"].get(children.TEMPLATE_LABEL) != wanted]
+        if not stale:
+            return
+        pick = min(stale, key=lambda p: (_ready(p), p["metadata"]["name"]))
+        if not all(_ready(p) for p in live if p is not pick):
+            return  # another pod is not serving: replacing this one now would leave less
+        name = pick["metadata"]["name"]
+        await self.kube.delete(path("v1", "pods", group.metadata.namespace, name))
+        events.append(("Replaced", f"pod {name}: its template changed; it drains and returns"))
+        live.remove(pick)
 
     async def _release(self, ns: str, pool_name: str, events: Events) -> None:
         await self.kube.patch(self._pool_url(ns, pool_name) + "/status", {"status": {"run": None}})

@@ -224,3 +224,58 @@ def test_a_run_is_ready_only_once_its_trainer_answers_and_every_group_has_a_work
         asyncio.run(go())
     finally:
         trainer.ledger.close()
+
+
+def _mark_ready(kube: MemoryKube) -> None:
+    for pod in kube.of_kind("Pod"):
+        pod["status"] = {"conditions": [{"type": "Ready", "status": "True"}]}
+
+
+def test_a_group_removed_from_its_pool_goes() -> None:
+    kube, reconciler, events = _bound()
+    pool_url = path(API_VERSION, "rolloutpools", "default", "mixed")
+
+    async def go() -> None:
+        pool = kube.objects[pool_url]
+        pool = await kube.patch(pool_url, {"spec": {"groups": pool["spec"]["groups"][:1]}})
+        await reconciler.pool(pool, events)
+
+    asyncio.run(go())
+    assert [g["spec"]["group"] for g in kube.of_kind("RolloutGroup")] == ["h800"]
+    assert ("Removed", "RolloutGroup mixed-a910x: no longer in the pool") in events
+
+
+def test_a_pool_edit_reaches_its_group_and_rolls_its_pods_one_at_a_time() -> None:
+    kube, reconciler, events = _bound()
+    pool_url = path(API_VERSION, "rolloutpools", "default", "mixed")
+    url = path(API_VERSION, "rolloutgroups", "default", "mixed-h800")
+
+    def selectors() -> dict[str, dict[str, str]]:
+        return {
+            p["metadata"]["name"]: p["spec"].get("nodeSelector", {})
+            for p in kube.of_kind("Pod")
+            if p["metadata"]["labels"]["cadence.dev/group"] == "h800"
+        }
+
+    async def go() -> None:
+        await kube.patch(url, {"spec": {"replicas": 3}})  # scaled since, by HPA
+        await reconciler.group(kube.objects[url], events)
+        _mark_ready(kube)
+        groups = kube.objects[pool_url]["spec"]["groups"]
+        groups[0]["nodeSelector"] = {"pool.example/zone": "b"}
+        await reconciler.pool(await kube.patch(pool_url, {"spec": {"groups": groups}}), events)
+        spec = kube.objects[url]["spec"]
+        assert spec["nodeSelector"] == {"pool.example/zone": "b"} and spec["replicas"] == 3
+        zone_b = {"pool.example/zone": "b"}
+        for turn in range(3):
+            await reconciler.group(kube.objects[url], events)  # one stale pod goes
+            assert len(selectors()) == 2
+            await reconciler.group(kube.objects[url], events)  # its replacement comes
+            assert list(selectors().values()).count(zone_b) == turn + 1
+            _mark_ready(kube)
+        await reconciler.group(kube.objects[url], events)  # nothing stale: nothing moves
+
+    asyncio.run(go())
+    assert len(selectors()) == 3
+    assert sum(e[0] == "Replaced" for e in events) == 3
+    assert any(e[0] == "Updated" and "nodeSelector" in e[1] for e in events)
