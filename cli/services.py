@@ -45,6 +45,8 @@ def _cmd_worker(args: argparse.Namespace) -> int:
             env_url=args.env_url,
             env_timeout_s=args.env_timeout_s,
             env_tries=args.env_tries,
+            memory_utilization=args.memory_utilization,
+            tensor_parallel=args.tensor_parallel,
         )
         # Every setting is refused before anything heavy starts (making the default tiny
         # model prints a progress bar and takes seconds).
@@ -190,6 +192,18 @@ def add_worker(sub: Commands) -> None:
     )
     w.add_argument("--env-timeout-s", type=float, default=30.0, help="timeout per environment try")
     w.add_argument("--env-tries", type=at_least(1), default=3, help="environment tries per call")
+    w.add_argument(
+        "--memory-utilization",
+        type=float,
+        help="share of device memory the engine may take (vllm: gpu_memory_utilization; "
+        "default 0.1 of host memory on CPU, 0.9 emulated)",
+    )
+    w.add_argument(
+        "--tensor-parallel",
+        type=at_least(1),
+        help="devices per worker (default: 1 for vllm; emulated: the smallest that holds "
+        "--min-kv-tokens)",
+    )
     w.set_defaults(run=_cmd_worker)
 
 

@@ -19,7 +19,7 @@ import torch
 import uvicorn
 
 from cadence.common.catalog import ACCELERATORS, MODELS
-from cadence.common.physics import deploy
+from cadence.common.physics import Deployment, Efficiency, deploy, kv_capacity_tokens
 from cadence.common.vocabulary import Vocabulary
 from cadence.common.web import fetch
 from cadence.worker.app import create_app
@@ -59,7 +59,11 @@ class WorkerOptions:
     grace_s: float = 30.0
     engine: Literal["emulated", "vllm"] = "emulated"
     max_model_len: int = 2048  # vllm: the longest context it serves
-    memory_utilization: float = 0.1  # vllm on CPU: share of host memory it may reserve
+    # The device memory share the engine may take, and its tensor-parallel degree; None:
+    # the engine's default (vLLM on CPU: 0.1 of host memory; emulated: 0.9, and the
+    # smallest degree that holds min_kv_tokens, as the operator sizes a group).
+    memory_utilization: float | None = None
+    tensor_parallel: int | None = None
     env_url: str | None = None  # the environment answering tool calls; none: single-turn
     env_timeout_s: float = 30.0
     env_tries: int = 3
@@ -93,6 +97,23 @@ def check(options: WorkerOptions, *, model_files: bool = True) -> None:
         raise ConfigError("--compression must be positive")
     if options.env_timeout_s <= 0:
         raise ConfigError("--env-timeout-s must be positive")
+    share = options.memory_utilization
+    if share is not None and not 0.0 < share <= 1.0:
+        raise ConfigError(f"--memory-utilization {share} must be in (0, 1]")
+    if options.tensor_parallel is not None and options.tensor_parallel < 1:
+        raise ConfigError("--tensor-parallel must be at least 1")
+
+
+def emulated_deployment(options: WorkerOptions) -> Deployment:
+    """The accelerator an emulated worker models: at its pinned tensor-parallel degree
+    and memory share, or the smallest degree that holds `min_kv_tokens`."""
+    model, accelerator = MODELS[options.model], ACCELERATORS[options.accelerator]
+    share = options.memory_utilization or 0.9
+    if options.tensor_parallel is None:
+        return deploy(model, accelerator, options.min_kv_tokens, memory_utilisation=share)
+    tp = options.tensor_parallel
+    capacity = kv_capacity_tokens(model, accelerator, tp, share)
+    return Deployment(model, accelerator, tp, capacity, Efficiency())
 
 
 def build(options: WorkerOptions) -> WorkerCore:
@@ -104,12 +125,11 @@ def build(options: WorkerOptions) -> WorkerCore:
         engine = VllmEngine.start(
             options.model_path,
             max_model_len=options.max_model_len,
-            memory_utilization=options.memory_utilization,
+            memory_utilization=options.memory_utilization or 0.1,
+            tensor_parallel=options.tensor_parallel or 1,
         )
     else:
-        deployment = deploy(
-            MODELS[options.model], ACCELERATORS[options.accelerator], options.min_kv_tokens
-        )
+        deployment = emulated_deployment(options)
         engine = EmulatedEngine(
             deployment,
             TorchTokenSource(options.model_path),

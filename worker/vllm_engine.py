@@ -66,6 +66,7 @@ class VllmEngine:
         kv_blocks: int | None = None,
         block_size: int = 32,
         memory_utilization: float = 0.1,
+        tensor_parallel: int = 1,
     ) -> VllmEngine:
         """Start vLLM on a local model. On CPU, `memory_utilization` is the share of host
         memory vLLM may reserve, and `kv_blocks` fixes the cache size (tests do)."""
@@ -89,6 +90,7 @@ class VllmEngine:
             enable_chunked_prefill=False,
             max_num_batched_tokens=max(max_model_len, 2048),
             gpu_memory_utilization=memory_utilization,
+            tensor_parallel_size=tensor_parallel,
             disable_log_stats=False,
             # The trainer's importance ratios need the logprobs of the distribution the
             # token was drawn from (after temperature and top-p), not vLLM's raw default.

@@ -188,10 +188,14 @@ def worker_pod(
         ),
         *("--max-model-len", str(g.engine.max_model_len), "--grace-s", str(DRAIN_GRACE_S - 10)),
         *("--trainer-url", trainer_url(run)),
+        *("--memory-utilization", str(g.engine.memory_utilization)),
     ]
+    if g.engine.tensor_parallel is not None:
+        args += ["--tensor-parallel", str(g.engine.tensor_parallel)]
     turns = run.spec.multi_turn
     if turns.environment is not None and turns.environment != "calculator":
         args += ["--env-url", turns.environment, "--env-timeout-s", str(turns.timeout_s)]
+        args += ["--env-tries", str(turns.tries)]
     spec: dict[str, Any] = {
         "hostname": pod,
         "subdomain": f"{name}-workers",

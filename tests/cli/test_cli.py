@@ -101,6 +101,7 @@ def test_plan_replays_figure_8(capsys: pytest.CaptureFixture[str]) -> None:
         ),
         (["worker", "--hosted", "Bad_Id:H800:1"], "is not ID:ACCELERATOR:AFFINITY"),
         (["worker", "--hosted", "w0:TPU9:1"], "unknown accelerator 'TPU9'"),
+        (["worker", "--memory-utilization", "1.5"], "--memory-utilization 1.5 must be in (0, 1]"),
         (["run", "/nonexistent.yaml"], "cannot read /nonexistent.yaml"),
     ],
 )

@@ -6,14 +6,18 @@ the headless Service, token Secret and the trainer's objects, all valid for Kube
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import kubernetes_validate
 import pytest
 
+from cadence.cli import build_parser
+from cadence.operator.api.capacity import group_capacities
 from cadence.operator.api.resources import RolloutGroup, load
 from cadence.operator.kube import children
 from cadence.operator.kube.children import WorkerView, choose_for_scale_in
+from cadence.worker.serve import WorkerOptions, emulated_deployment
 from tests.helpers import HETEROGENEOUS
 
 EXAMPLE = HETEROGENEOUS
@@ -153,3 +157,32 @@ def test_scale_in_counts_the_pools_other_groups_as_hosts() -> None:
         "a910x-1",
         "a910x-0",
     ]
+
+
+def test_a_groups_engine_settings_reach_the_worker_it_starts(tmp_path: Path) -> None:
+    """The pod's arguments are ones `cadence worker` takes, and an emulated worker started
+    with them holds the KV capacity the operator planned the group with."""
+    text = HETEROGENEOUS.read_text().replace(
+        "engine: {maxModelLen: 32768, memoryUtilization: 0.9}",
+        "engine: {maxModelLen: 32768, memoryUtilization: 0.8, tensorParallel: 4}",
+    )
+    (tmp_path / "pool.yaml").write_text(text)
+    pool, run = load(tmp_path / "pool.yaml")
+    group = RolloutGroup.model_validate(children.rollout_groups(pool, _with_uid(pool, "p"))[0])
+    pod = children.worker_pod(pool, group, _with_uid(group, "g"), run, 0)
+    args = build_parser().parse_args(pod["spec"]["containers"][0]["args"])
+    assert (args.memory_utilization, args.tensor_parallel) == (0.8, 4)
+    options = WorkerOptions(
+        worker_id=args.id,
+        accelerator=args.accelerator,
+        affinity=args.affinity,
+        model=args.model,
+        model_path=tmp_path,
+        token="t",
+        memory_utilization=args.memory_utilization,
+        tensor_parallel=args.tensor_parallel,
+    )
+    deployment = emulated_deployment(options)
+    assert deployment.tp == 4
+    planned = group_capacities(pool, run)[group.spec.group]
+    assert deployment.kv_capacity_tokens == planned
