@@ -66,6 +66,30 @@ def group_selector(group: RolloutGroup) -> str:
     return f"cadence.dev/pool={group.spec.pool},cadence.dev/group={group.spec.group}"
 
 
+def disruption_budget(group: RolloutGroup, group_obj: Mapping[str, Any]) -> dict[str, Any]:
+    """A PodDisruptionBudget per group: a node drain evicts its workers one at a time,
+    each through its own drain (SIGTERM), never the whole group at once."""
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": {
+            "name": group.metadata.name,
+            "namespace": group.metadata.namespace,
+            "labels": labels(group.spec.pool, "worker"),
+            "ownerReferences": [owner(group_obj)],
+        },
+        "spec": {
+            "maxUnavailable": 1,
+            "selector": {
+                "matchLabels": {
+                    "cadence.dev/pool": group.spec.pool,
+                    "cadence.dev/group": group.spec.group,
+                }
+            },
+        },
+    }
+
+
 def rollout_groups(pool: RolloutPool, pool_obj: Mapping[str, Any]) -> list[dict[str, Any]]:
     """The pool's RolloutGroups, owned by it; created once, never overwritten (their
     `replicas` is theirs after that)."""

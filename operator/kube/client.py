@@ -36,6 +36,7 @@ PLURALS = {
     "Secret": "secrets",
     "ConfigMap": "configmaps",
     "StatefulSet": "statefulsets",
+    "PodDisruptionBudget": "poddisruptionbudgets",
     "RolloutGroup": "rolloutgroups",
     "RolloutPool": "rolloutpools",
     "TrainingRun": "trainingruns",

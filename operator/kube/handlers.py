@@ -245,6 +245,7 @@ class Reconciler:
             if run_name
             else None
         )
+        await self.kube.ensure(children.disruption_budget(group, body))
         selector = {"cadence.dev/pool": g.pool, "cadence.dev/group": g.group}
         pods = await self.kube.list(path("v1", "pods", ns), selector)
         live = []

@@ -186,3 +186,14 @@ def test_a_groups_engine_settings_reach_the_worker_it_starts(tmp_path: Path) -> 
     assert deployment.tp == 4
     planned = group_capacities(pool, run)[group.spec.group]
     assert deployment.kv_capacity_tokens == planned
+
+
+def test_a_group_has_a_disruption_budget_of_one_over_its_pods() -> None:
+    pool, _ = load(EXAMPLE)
+    group = RolloutGroup.model_validate(children.rollout_groups(pool, _with_uid(pool, "p"))[0])
+    pdb = children.disruption_budget(group, _with_uid(group, "g"))
+    _valid(pdb)
+    assert pdb["spec"]["maxUnavailable"] == 1
+    selector = pdb["spec"]["selector"]["matchLabels"]
+    pod = children.worker_pod(pool, group, _with_uid(group, "g"), load(EXAMPLE)[1], 0)
+    assert selector.items() <= pod["metadata"]["labels"].items()
