@@ -66,6 +66,8 @@ def test_the_base_renders_and_every_object_is_valid() -> None:
     assert kinds == sorted(
         [
             "ClusterRole",
+            "ClusterRole",  # cadence-view, aggregated into view, edit and admin
+            "ClusterRole",  # cadence-edit, aggregated into edit and admin
             "ClusterRoleBinding",
             "CustomResourceDefinition",
             "CustomResourceDefinition",
@@ -96,7 +98,8 @@ def test_the_base_renders_and_every_object_is_valid() -> None:
 
 @pytest.mark.kubectl  # kubectl kustomize
 def test_the_operator_is_granted_nothing_by_wildcard() -> None:
-    role = next(d for d in _kustomize(MANIFESTS / "base") if d["kind"] == "ClusterRole")
+    docs = _kustomize(MANIFESTS / "base")
+    (role,) = [d for d in docs if d["metadata"]["name"] == "cadence-operator" and "rules" in d]
     for rule in role["rules"]:
         for key in ("apiGroups", "resources", "verbs"):
             assert "*" not in rule[key], rule
@@ -149,3 +152,20 @@ def test_the_monitoring_manifests_render_and_the_dashboard_parses() -> None:
     dashboard = next(d for d in docs if d["kind"] == "ConfigMap")
     panels = json.loads(dashboard["data"]["cadence.json"])["panels"]
     assert panels and all(p["targets"][0]["expr"].strip() for p in panels)
+
+
+@pytest.mark.kubectl  # kubectl kustomize
+def test_users_get_cadence_through_the_clusters_view_and_edit_roles() -> None:
+    roles = {
+        d["metadata"]["name"]: d
+        for d in _kustomize(MANIFESTS / "base")
+        if d["kind"] == "ClusterRole"
+    }
+    view, edit = roles["cadence-view"], roles["cadence-edit"]
+    assert view["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-view"] == "true"
+    assert edit["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-edit"] == "true"
+    assert "rbac.authorization.k8s.io/aggregate-to-view" not in edit["metadata"]["labels"]
+    viewing = {v for rule in view["rules"] for v in rule["verbs"]}
+    assert viewing <= {"get", "list", "watch"}
+    editing = {(r, v) for rule in edit["rules"] for r in rule["resources"] for v in rule["verbs"]}
+    assert ("trainingruns", "create") in editing and ("rolloutgroups/scale", "patch") in editing
