@@ -34,7 +34,7 @@ def _cmd_operator(args: argparse.Namespace) -> int:
         server=args.server,
         metrics_port=args.metrics_port,
         health_port=args.health_port,
-        timer_interval_s=args.resync_s,
+        resync_s=args.resync_s,
     )
     return 0
 

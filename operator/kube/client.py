@@ -37,6 +37,7 @@ PLURALS = {
     "ConfigMap": "configmaps",
     "StatefulSet": "statefulsets",
     "PodDisruptionBudget": "poddisruptionbudgets",
+    "Event": "events",
     "RolloutGroup": "rolloutgroups",
     "RolloutPool": "rolloutpools",
     "TrainingRun": "trainingruns",
@@ -54,7 +55,7 @@ def path_of(obj: Mapping[str, Any], name: bool = True) -> str:
 
 
 class KubeApi(Protocol):
-    """What the handlers need of the Kubernetes API: these five verbs on the objects the
+    """What the handlers need of the Kubernetes API: these six verbs on the objects the
     operator owns. `Kube` speaks them over HTTP; tests give an in-memory one."""
 
     async def get(self, url: str) -> dict[str, Any] | None: ...
@@ -64,6 +65,8 @@ class KubeApi(Protocol):
     ) -> list[dict[str, Any]]: ...
 
     async def ensure(self, obj: Mapping[str, Any]) -> tuple[dict[str, Any], bool]: ...
+
+    async def create(self, obj: Mapping[str, Any]) -> dict[str, Any]: ...
 
     async def patch(self, url: str, body: Mapping[str, Any]) -> dict[str, Any]: ...
 
@@ -145,6 +148,10 @@ class Kube:
                 raise
             return raced, False
         return created, True
+
+    async def create(self, obj: Mapping[str, Any]) -> dict[str, Any]:
+        created: dict[str, Any] = await self._send("POST", path_of(obj, name=False), dict(obj))
+        return created
 
     async def patch(self, url: str, body: Mapping[str, Any]) -> dict[str, Any]:
         headers = {"Content-Type": "application/merge-patch+json"}

@@ -16,8 +16,10 @@ and the reason, and an Event, and nothing else happens to it or to any other res
   trainer's ConfigMap, StatefulSet and Service. A finished or deleted run releases the
   pool; the groups then retire its workers, and a waiting run binds.
 
-A kopf daemon per TrainingRun runs the control loop (`loop.py`) on the pool's pods and
-reports it (`run_report.py`): statuses, Events, the operator's metrics (`metrics.py`).
+Each TrainingRun's control loop (`loop.py`) runs on the pool's pods, started and stopped
+by the supervisor (`supervisor.py`, which also reconciles every object again each resync
+period, with no finalizer on any object), and reports it (`run_report.py`): statuses,
+Events, the operator's metrics (`metrics.py`).
 """
 
 from __future__ import annotations
@@ -49,8 +51,10 @@ from cadence.operator.api.settings import knobs_of
 from cadence.operator.control.loop import ControlLoop, LoopConfig
 from cadence.operator.kube import children
 from cadence.operator.kube.client import KubeApi, path
+from cadence.operator.kube.events import EventRecorder, Post
 from cadence.operator.kube.metrics import OperatorMetrics
 from cadence.operator.kube.run_report import RunReporter
+from cadence.operator.kube.supervisor import Stopped, Supervisor
 from cadence.operator.scheduler.registry import POLICIES
 from cadence.trainer.client import TrainerClient, TrainerError
 from cadence.worker.client import WorkerClient, WorkerError
@@ -144,9 +148,19 @@ class Reconciler:
     # How clients reach workers and trainers (tests route them in-process; None: network).
     transport: httpx.AsyncBaseTransport | None = None
     # Handler runs that finished (an invalid object's too; not one that raised), per
-    # (plural, namespace, name), whatever started them (a change, the timer): how a test
+    # (plural, namespace, name), whatever started them (a change, the resync): how a test
     # knows an object has been reconciled again since it last looked.
     reconciles: Counter[tuple[str, str, str]] = field(default_factory=Counter)
+    post: Post = field(init=False)  # Events about its objects
+    # The runs whose control loop is running now (waiting for its pool or trainer too).
+    controlling: set[tuple[str, str]] = field(default_factory=set)
+
+    def __post_init__(self) -> None:
+        self.post = EventRecorder(self.kube)
+
+    async def aclose(self) -> None:
+        if isinstance(self.post, EventRecorder):
+            await self.post.drain()
 
     def _pool_url(self, namespace: str, name: str | None = None) -> str:
         return path(API_VERSION, "rolloutpools", namespace, name)
@@ -387,8 +401,8 @@ class Reconciler:
     async def run(self, body: Mapping[str, Any], events: Events) -> Status:
         run: TrainingRun = validated(TrainingRun, body)
         ns, name = run.metadata.namespace, run.metadata.name
-        # kopf gives a timer the live body, which changes under this handler (its loop
-        # writing Succeeded): decide on the phase it was called with, read once.
+        # kopf's body is live and changes under this handler (its loop writing
+        # Succeeded): decide on the phase it was called with, read once.
         phase = (body.get("status") or {}).get("phase")
         pool_obj = await self.kube.get(self._pool_url(ns, run.spec.pool))
         bound = ((pool_obj or {}).get("status") or {}).get("run")
@@ -466,7 +480,7 @@ class Reconciler:
             missing.insert(0, "the trainer does not answer yet")
         return "; ".join(missing)
 
-    async def control(self, body: kopf.Body, stopped: kopf.DaemonStopped) -> None:
+    async def control(self, body: Mapping[str, Any], stopped: Stopped) -> None:
         """The shared control loop for one TrainingRun, for as long as it is bound and
         unfinished: workers are the pool's pods (their endpoints), the trainer is the
         run's Service; the run's status is patched from the loop and the trainer's
@@ -479,6 +493,14 @@ class Reconciler:
         if (body.get("status") or {}).get("phase") == "Succeeded":
             return  # finished before this operator started
         ns, name = run.metadata.namespace, run.metadata.name
+        self.controlling.add((ns, name))
+        try:
+            await self._control(run, body, stopped)
+        finally:
+            self.controlling.discard((ns, name))
+
+    async def _control(self, run: TrainingRun, body: Mapping[str, Any], stopped: Stopped) -> None:
+        ns, name = run.metadata.namespace, run.metadata.name
         while not stopped:
             pool_obj = await self.kube.get(self._pool_url(ns, run.spec.pool))
             if ((pool_obj or {}).get("status") or {}).get("run") == name:
@@ -489,7 +511,7 @@ class Reconciler:
         pool: RolloutPool = validated(RolloutPool, pool_obj)
         token = await self._token(ns, pool.spec.token_secret)
         if token is None:
-            return  # the pool's handler makes it; the daemon is restarted by kopf
+            return  # the pool's handler makes it; the supervisor starts the loop again
         client = TrainerClient(
             self.trainer_endpoint(run), token, timeout_s=5.0, transport=self.transport
         )
@@ -515,7 +537,7 @@ class Reconciler:
             token,
         )
         reporter = RunReporter(
-            self.kube, self.endpoint, self.status_every_s, run, pool, body, loop, client
+            self.kube, self.endpoint, self.status_every_s, run, pool, body, loop, client, self.post
         )
         self.metrics.runs[(ns, name)] = reporter.series
 
@@ -530,14 +552,6 @@ class Reconciler:
             await client.aclose()
 
 
-Post = Callable[[Mapping[str, Any], str, str, bool], None]  # body, reason, message, warning
-
-
-def _post(body: Mapping[str, Any], reason: str, message: str, warning: bool) -> None:
-    post = kopf.warn if warning else kopf.info
-    post(body, reason=reason, message=message)  # type: ignore[arg-type]  # kopf's Body
-
-
 @dataclass
 class Handling:
     """What wraps each reconciler for kopf: its status written with conditions that keep
@@ -546,16 +560,24 @@ class Handling:
     silence; one run per object at a time."""
 
     reconciler: Reconciler
-    post: Post = _post
+    post: Post | None = None  # the reconciler's recorder unless a test gives its own
     # A state an object is in (waiting, invalid, failing) is announced when it enters it,
     # not on every retry of its handlers: the last one announced per object.
     said: dict[tuple[str, str, str], tuple[str, str]] = field(default_factory=dict)
-    # kopf runs an object's timer beside its change handlers, not after them: two runs of
-    # one object's reconciler at once would both act on what they saw (a group scaled in
-    # by its update handler and its timer lost two pods, not one). One at a time.
+    # The resync runs beside kopf's change handlers, not after them: two runs of one
+    # object's reconciler at once would both act on what they saw (a group scaled in by
+    # its update handler and its resync lost two pods, not one). One at a time.
     busy: defaultdict[tuple[str, str, str], asyncio.Lock] = field(
         default_factory=lambda: defaultdict(asyncio.Lock)
     )
+    calls: dict[str, Callable[[Mapping[str, Any], Events], Any]] = field(default_factory=dict)
+
+    async def reconcile_one(
+        self, key: tuple[str, str, str], body: Mapping[str, Any], patch: kopf.Patch
+    ) -> None:
+        """`key`'s reconciler, as the supervisor's resync calls it."""
+        async with self.busy[key]:
+            await self.reconcile(key, self.calls[key[0]], body, patch)
 
     def handler(
         self, kind: str, call: Callable[[Mapping[str, Any], Events], Any]
@@ -594,7 +616,7 @@ class Handling:
             events = [("Invalid", str(e))]
         except Exception as e:
             # Anything else (the API refused a write, a bug): said on the object and in
-            # the log, not retried silently by kopf; the timer tries again.
+            # the log, not retried silently by kopf; the resync tries again.
             log.exception("reconciling %s %s/%s failed", kind, key[1], key[2])
             said = f"reconciling failed, retried every resync: {type(e).__name__}: {e}"
             patch.status["conditions"] = settled(
@@ -615,7 +637,7 @@ class Handling:
                 if self.said.get(key) == (reason, message):
                     continue
                 self.said[key] = (reason, message)
-            self.post(body, reason, message, reason in WARNINGS)
+            (self.post or self.reconciler.post)(body, reason, message, reason in WARNINGS)
             log.info("%s %s/%s: %s: %s", kind, key[1], key[2], reason, message)
         if not any(reason in STATES for reason, _ in events):
             self.said.pop(key, None)
@@ -623,34 +645,44 @@ class Handling:
 
 
 def register(
-    registry: kopf.OperatorRegistry, reconciler: Reconciler, *, timer_interval_s: float = 5.0
-) -> None:
-    """The kopf handlers, on `registry` (tests pass a fresh one). Each object is also
-    reconciled every `timer_interval_s` seconds, which is what notices changes no handler
-    is called for (a pool released, a run deleted, a pod gone)."""
+    registry: kopf.OperatorRegistry, reconciler: Reconciler, *, resync_s: float = 5.0
+) -> Supervisor:
+    """The kopf handlers, on `registry` (tests pass a fresh one): each change reconciles
+    its object at once; every event reaches the supervisor, which reconciles every object
+    again each `resync_s` seconds (what notices changes no handler is called for:
+    a pool released, a run deleted, a pod gone) and runs each run's control loop. None of
+    them needs kopf's finalizer, so none is put on Cadence's objects (and one an earlier
+    version put is taken off by kopf at the next event)."""
     handling = Handling(reconciler)
+    supervisor = Supervisor(reconciler.kube, handling.reconcile_one, reconciler.control, resync_s)
 
     for plural, call in (
         ("rolloutpools", reconciler.pool),
         ("rolloutgroups", reconciler.group),
         ("trainingruns", reconciler.run),
     ):
+        handling.calls[plural] = call
         handler = handling.handler(plural, call)
         resource = (GROUP, VERSION, plural)
         kopf.on.resume(*resource, id=f"{plural}-resume", registry=registry)(handler)
         kopf.on.create(*resource, id=f"{plural}-create", registry=registry)(handler)
         kopf.on.update(*resource, id=f"{plural}-update", field="spec", registry=registry)(handler)
-        every = timer_interval_s
-        kopf.timer(*resource, id=f"{plural}-timer", interval=every, registry=registry)(handler)
+        kopf.on.event(*resource, id=f"{plural}-seen", registry=registry)(_seen(supervisor, plural))
 
-    async def control(body: kopf.Body, stopped: kopf.DaemonStopped, **_: Any) -> None:
-        await reconciler.control(body, stopped)
+    async def start(**_: Any) -> None:
+        supervisor.start()
 
-    kopf.daemon(
-        GROUP,
-        VERSION,
-        "trainingruns",
-        id="control-loop",
-        cancellation_timeout=10.0,
-        registry=registry,
-    )(control)
+    async def stop(**_: Any) -> None:
+        await supervisor.aclose()
+        await reconciler.aclose()
+
+    kopf.on.startup(id="supervisor", registry=registry)(start)
+    kopf.on.cleanup(id="supervisor", registry=registry)(stop)
+    return supervisor
+
+
+def _seen(supervisor: Supervisor, plural: str) -> Callable[..., Any]:
+    async def seen(body: kopf.Body, type: str | None, **_: Any) -> None:  # in the loop
+        supervisor.saw(plural, type, body)
+
+    return seen

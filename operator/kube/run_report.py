@@ -1,4 +1,4 @@
-"""What a TrainingRun's control loop reports, from the operator's daemon for that run:
+"""What a TrainingRun's control loop reports, from the operator's task for that run:
 the pool's pods join the loop as they get endpoints; each RolloutGroup's status and the
 operator's metrics carry the last plan's per-group demand; the run's status carries the
 trainer's stats; Events say when the phase changes, trajectories depart, actions fail,
@@ -14,13 +14,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
-import kopf
 
 from cadence.operator.api.capacity import group_capacities
 from cadence.operator.api.resources import API_VERSION, RolloutPool, TrainingRun
 from cadence.operator.control.group_stats import GroupShape, group_stats
 from cadence.operator.control.loop import ControlLoop
 from cadence.operator.kube.client import KubeApi, KubeError, path
+from cadence.operator.kube.events import Post
 from cadence.operator.kube.metrics import RunSeries
 from cadence.trainer.client import TrainerClient, TrainerError
 
@@ -42,9 +42,10 @@ class RunReporter:
     status_every_s: float
     run: TrainingRun
     pool: RolloutPool
-    body: kopf.Body
+    body: Mapping[str, Any]  # the run as the watch last saw it
     loop: ControlLoop
     trainer: TrainerClient
+    post: Post
     series: RunSeries = field(init=False)
     started: float = field(default_factory=time.monotonic)
     patched: float = 0.0
@@ -115,7 +116,7 @@ class RunReporter:
         )
         if phase != self.phase:
             message = f"policy version {stats.version}, {stats.consumed} batches trained"
-            kopf.info(self.body, reason=phase, message=message)
+            self.post(self.body, phase, message, False)
             self.phase = phase
         return stats.done
 
@@ -159,17 +160,17 @@ class RunReporter:
         departed = totals["departures"] - self.seen["departures"]
         if departed:
             message = f"{departed} trajectories departed their concentration sources"
-            kopf.info(body, reason="Departed", message=message)
+            self.post(body, "Departed", message, False)
         failed = totals["errors"] - self.seen["errors"]
         if failed:
             message = f"{failed} worker actions failed (the operator's log says which)"
-            kopf.warn(body, reason="ActionsFailed", message=message)
+            self.post(body, "ActionsFailed", message, True)
         for wid, said in self.loop.floor_warnings.items():
             if wid not in self.reported_floor:
-                kopf.warn(body, reason="FloorBelowGrowth", message=said)
+                self.post(body, "FloorBelowGrowth", said, True)
                 self.reported_floor.add(wid)
         lost = self.loop.lost - self.reported_lost
         if lost:
             message = f"silent, their samples re-queued: {', '.join(sorted(lost))}"
-            kopf.warn(body, reason="WorkersLost", message=message)
+            self.post(body, "WorkersLost", message, True)
         self.seen, self.reported_lost = totals, self.loop.lost

@@ -21,11 +21,11 @@ def operator_registry(
     server: str | None,
     reconciler: Reconciler | None = None,
     *,
-    timer_interval_s: float = 5.0,
+    resync_s: float = 5.0,
 ) -> kopf.OperatorRegistry:
     """The operator's handlers on a fresh registry; `reconciler` replaces the default
     one (tests give workers' and the trainer's endpoints on this machine). Every object
-    is reconciled again each `timer_interval_s` seconds."""
+    is reconciled again each `resync_s` seconds."""
     registry = kopf.OperatorRegistry()
 
     @kopf.on.login(registry=registry)
@@ -34,7 +34,7 @@ def operator_registry(
             return kopf.ConnectionInfo(server=server, insecure=True)
         return kopf.login_with_service_account(**kwargs)
 
-    register(registry, reconciler or Reconciler(kube), timer_interval_s=timer_interval_s)
+    register(registry, reconciler or Reconciler(kube), resync_s=resync_s)
     return registry
 
 
@@ -44,7 +44,7 @@ def serve(
     server: str | None,
     metrics_port: int,
     health_port: int,
-    timer_interval_s: float = 5.0,
+    resync_s: float = 5.0,
 ) -> None:
     async def main() -> None:
         kube = Kube(server) if server is not None else Kube.in_cluster()
@@ -52,9 +52,7 @@ def serve(
         REGISTRY.register(reconciler.metrics)
         try:
             await kopf.operator(
-                registry=operator_registry(
-                    kube, server, reconciler, timer_interval_s=timer_interval_s
-                ),
+                registry=operator_registry(kube, server, reconciler, resync_s=resync_s),
                 standalone=True,
                 clusterwide=not namespaces,
                 namespaces=namespaces,

@@ -1,4 +1,4 @@
-"""The Kubernetes API's five verbs the handlers use (`KubeApi`), over a dict of objects
+"""The Kubernetes API's six verbs the handlers use (`KubeApi`), over a dict of objects
 by path: enough to run a reconciler in-process and read back what it made."""
 
 from __future__ import annotations
@@ -57,6 +57,11 @@ class MemoryKube:
         if url in self.objects:
             return copy.deepcopy(self.objects[url]), False
         return copy.deepcopy(self.put(obj)), True
+
+    async def create(self, obj: Mapping[str, Any]) -> dict[str, Any]:
+        if path_of(obj) in self.objects:
+            raise KubeError(409, f"{path_of(obj)} already exists")
+        return copy.deepcopy(self.put(obj))
 
     async def patch(self, url: str, body: Mapping[str, Any]) -> dict[str, Any]:
         if url.endswith("/status"):

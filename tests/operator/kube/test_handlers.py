@@ -53,7 +53,7 @@ def test_the_run_handler_leaves_a_running_runs_phase_to_its_control_loop() -> No
 
 class _LoopFinishesMidHandler(MemoryKube):
     """Writes Succeeded into the run's body while the handler makes the trainer's
-    objects, as kopf's live body shows the control loop's write to a running timer."""
+    objects, as kopf's live body shows the control loop's write to a running handler."""
 
     def __init__(self, body: dict[str, Any]) -> None:
         super().__init__()
@@ -65,7 +65,7 @@ class _LoopFinishesMidHandler(MemoryKube):
 
 
 def test_the_run_handler_decides_on_the_phase_it_was_called_with() -> None:
-    """A timer's body is live: the loop's Succeeded may land while the handler runs, and
+    """kopf's body is live: the loop's Succeeded may land while the handler runs, and
     the handler must not answer it with Running (a finished run stayed Running, its
     pool never released)."""
     run = example("TrainingRun")

@@ -41,10 +41,10 @@ EXAMPLE = TRAINING_RUN
 CRDS = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
 NS = "/apis/cadence.dev/v1alpha1/namespaces/default"
 PODS = "/api/v1/namespaces/default/pods"
-# The operator's timer (every object reconciled again) in these tests: what a timer
+# The operator's resync (every object reconciled again) in these tests: what a resync
 # notices (a pool released, a run deleted) is seen within a second, not within 5 s.
 TIMER_S = 0.3
-# Waits on the operator: a chain of a few timer runs, on a loaded machine.
+# Waits on the operator: a chain of a few resyncs, on a loaded machine.
 OPERATOR_S = 30.0
 # A test against the operator takes seconds; the end-to-end ones say more.
 pytestmark = pytest.mark.timeout(120)
@@ -82,7 +82,7 @@ def emulator(kube: KubernetesEmulator | None = None) -> Iterator[str]:
 def operator_thread(
     url: str, make: Callable[[Kube], Reconciler] = Reconciler
 ) -> Iterator[Reconciler]:
-    """The operator against `url`, its timer every TIMER_S, in a thread of its own (kopf
+    """The operator against `url`, its resync every TIMER_S, in a thread of its own (kopf
     cancels every task of its loop when it stops); yields its reconciler. Stopping it is
     an operator restart's first half."""
     stop = threading.Event()
@@ -95,7 +95,7 @@ def operator_thread(
             try:
                 made.append(make(kube))
                 await kopf.operator(
-                    registry=operator_registry(kube, url, made[0], timer_interval_s=TIMER_S),
+                    registry=operator_registry(kube, url, made[0], resync_s=TIMER_S),
                     standalone=True,
                     namespaces=["default"],
                     stop_flag=stop,
@@ -281,7 +281,7 @@ def test_an_invalid_pool_is_degraded_with_an_event_and_others_go_on(operated: Op
         lambda: _events(cluster, "Invalid"), timeout_s=OPERATOR_S, what="an Invalid event"
     )
     assert events[0]["involvedObject"]["name"] == "broken" and events[0]["type"] == "Warning"
-    # Its timer retries it, and finds it as invalid: the same reason is not announced again.
+    # Its resync retries it, and finds it as invalid: the same reason is not announced again.
     operated.reconciled_again("rolloutpools", "broken", times=3)
     assert len(_events(cluster, "Invalid")) == 1
     groups = eventually(
@@ -402,6 +402,55 @@ def _delete_a_run(cluster: str) -> None:
     assert _pods(cluster) == []
     assert _get(cluster, "/api/v1/namespaces/default/secrets/cadence-token") is None
     assert _get(cluster, "/api/v1/namespaces/default/services/mixed-workers") is None
+
+
+KOPF_FINALIZER = "kopf.zalando.org/KopfFinalizerMarker"
+
+
+def test_no_object_waits_on_the_operator_to_be_deleted() -> None:
+    """Issue 17, item 10: nothing Cadence makes carries a finalizer (an earlier version's
+    is taken off), so with the operator stopped a pool and a run still delete, and the
+    garbage collector takes their children."""
+    with emulator() as url:
+        old = example("RolloutPool")
+        old["metadata"]["finalizers"] = [KOPF_FINALIZER]  # as an earlier operator left it
+        call(url, "POST", f"{NS}/rolloutpools", old)
+        with operator_thread(url) as reconciler:
+            call(url, "POST", f"{NS}/trainingruns", example("TrainingRun"))
+            eventually(lambda: len(_pods(url)) == 4, timeout_s=OPERATOR_S, what="4 pods")
+            eventually(
+                lambda: ("default", "digits") in reconciler.controlling,
+                timeout_s=OPERATOR_S,
+                what="the run's control loop",
+            )
+            eventually(
+                lambda: (
+                    not call(url, "GET", f"{NS}/rolloutpools/mixed")["metadata"].get("finalizers")
+                ),
+                timeout_s=OPERATOR_S,
+                what="the old finalizer taken off",
+            )
+            call(url, "DELETE", f"{NS}/trainingruns/digits")
+            eventually(  # its DELETED event ends its loop; no finalizer waits for that
+                lambda: ("default", "digits") not in reconciler.controlling,
+                timeout_s=OPERATOR_S,
+                what="the deleted run's loop ended",
+            )
+            call(url, "POST", f"{NS}/trainingruns", example("TrainingRun"))
+            eventually(
+                lambda: _status(url, f"{NS}/trainingruns/digits").get("phase") == "Starting",
+                timeout_s=OPERATOR_S,
+                what="the run made again, Starting",
+            )
+        for plural in ("rolloutpools", "rolloutgroups", "trainingruns"):
+            for obj in call(url, "GET", f"{NS}/{plural}")["items"]:
+                assert not obj["metadata"].get("finalizers"), obj["metadata"]["name"]
+        call(url, "DELETE", f"{NS}/trainingruns/digits")
+        call(url, "DELETE", f"{NS}/rolloutpools/mixed")
+        assert _get(url, f"{NS}/trainingruns/digits") is None
+        assert _get(url, f"{NS}/rolloutpools/mixed") is None
+        assert call(url, "GET", f"{NS}/rolloutgroups")["items"] == []
+        assert _pods(url) == []
 
 
 @pytest.mark.kubectl
