@@ -32,6 +32,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
         raise UsageError(
             "cadence run trains a built-in task; dataset.task external needs a trainer"
         )
+    if training.spec.model.uri is not None:
+        raise UsageError(
+            "cadence run reads the model from a local directory: give model.path, not model.uri"
+        )
     if args.policy is not None and args.compare is not None:
         raise UsageError("give --policy or --compare, not both")
     policies = [args.policy] if args.compare is None else args.compare.split(",")

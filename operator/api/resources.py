@@ -272,12 +272,32 @@ class RolloutPool(_Spec):
         return self
 
 
+# `pvc://CLAIM` or `pvc://CLAIM/PATH`: a PersistentVolumeClaim in the run's namespace.
+MODEL_URI = r"^pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?(/[^/]+)*/?$"
+
+
 class ModelRef(_Spec):
-    """The policy model: a local path (tiny test models) or a URI, and the catalog model
-    whose roofline and KV an emulated pool follows."""
+    """The policy model's weights (a Hugging Face directory) and the catalog model whose
+    roofline and KV an emulated pool follows. `uri` is where a cluster gets them:
+    `pvc://CLAIM/PATH` mounts the claim read-only at /models in every worker and the
+    trainer, and the model is /models/PATH. `path` is the directory as the processes see
+    it: without `uri`, one in the image or on a volume the group's pod template mounts
+    (default /models/CATALOG); under `cadence run`, a local directory (default: a tiny
+    model made on the spot)."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _rule(
+                    "!(has(self.uri) && has(self.path))",
+                    "give model.uri (a claim to mount) or model.path, not both",
+                )
+            ]
+        }
+    )
 
     path: str | None = None
-    uri: str | None = None
+    uri: str | None = Field(default=None, pattern=MODEL_URI)
     catalog: str = Field(default="Qwen3-8B", json_schema_extra={"enum": list(MODELS)})
 
     @model_validator(mode="after")
@@ -286,12 +306,30 @@ class ModelRef(_Spec):
             raise ValueError(
                 f"unknown catalog model {self.catalog!r}: use one of {', '.join(MODELS)}"
             )
+        if self.uri is not None and self.path is not None:
+            raise ValueError("give model.uri (a claim to mount) or model.path, not both")
         return self
+
+    def claim(self) -> tuple[str, str] | None:
+        """(claim, path inside it) of a `pvc://` uri."""
+        if self.uri is None:
+            return None
+        claim, _, inside = self.uri.removeprefix("pvc://").partition("/")
+        return claim, inside.strip("/")
+
+    def in_pod(self, mount: str) -> str:
+        """The model's directory inside a worker's or the trainer's container."""
+        claim = self.claim()
+        if claim is not None:
+            return f"{mount}/{claim[1]}".rstrip("/")
+        return self.path or f"{mount}/{self.catalog}"
 
 
 class Dataset(_Spec):
+    """Where prompts come from: a built-in task (prompts and verifier in the trainer), or
+    `external`, whose prompts and rewards an external trainer posts to the trainer's API."""
+
     task: Literal["digits", "arithmetic", "external"] = "digits"
-    path: str | None = None  # a prompt file on a volume (external tasks)
 
 
 class TrainerSpec(_Spec):

@@ -204,12 +204,7 @@ def worker_pod(
         "worker",
         *("--id", pod, "--engine", "vllm", "--host", "0.0.0.0", "--port", str(CONTROL_PORT)),
         *("--accelerator", g.accelerator, "--affinity", str(g.affinity)),
-        *(
-            "--model",
-            run.spec.model.catalog,
-            "--model-path",
-            f"{MODELS_DIR}/{run.spec.model.catalog}",
-        ),
+        *("--model", run.spec.model.catalog, "--model-path", run.spec.model.in_pod(MODELS_DIR)),
         *("--max-model-len", str(g.engine.max_model_len), "--grace-s", str(DRAIN_GRACE_S - 10)),
         *("--trainer-url", trainer_url(run)),
         *("--memory-utilization", str(g.engine.memory_utilization)),
@@ -228,7 +223,7 @@ def worker_pod(
         "securityContext": POD_SECURITY,
         # vLLM's engine processes share tensors through /dev/shm, which a container
         # otherwise gets at 64 MiB.
-        "volumes": [{"name": "shm", "emptyDir": {"medium": "Memory"}}],
+        "volumes": [{"name": "shm", "emptyDir": {"medium": "Memory"}}, *model_volumes(run)],
         "containers": [
             {
                 "name": "worker",
@@ -245,7 +240,7 @@ def worker_pod(
                 ],
                 "resources": _resources(g.resources, WORKER_BASE),
                 "securityContext": CONTAINER_SECURITY,
-                "volumeMounts": [{"name": "shm", "mountPath": "/dev/shm"}],
+                "volumeMounts": [{"name": "shm", "mountPath": "/dev/shm"}, *model_mounts(run)],
                 "readinessProbe": {
                     "httpGet": {"path": "/readyz", "port": "control"},
                     "periodSeconds": 5,
@@ -275,6 +270,20 @@ def worker_pod(
     }
     out["metadata"]["labels"][TEMPLATE_LABEL] = template_hash(out)
     return out
+
+
+def model_volumes(run: TrainingRun) -> list[dict[str, Any]]:
+    """The claim `model.uri` names, read-only: workers and the trainer share it."""
+    claim = run.spec.model.claim()
+    if claim is None:
+        return []
+    return [{"name": "models", "persistentVolumeClaim": {"claimName": claim[0], "readOnly": True}}]
+
+
+def model_mounts(run: TrainingRun) -> list[dict[str, Any]]:
+    if run.spec.model.claim() is None:
+        return []
+    return [{"name": "models", "mountPath": MODELS_DIR, "readOnly": True}]
 
 
 def trainer_name(run: TrainingRun) -> str:
@@ -309,7 +318,7 @@ def trainer_objects(
             "metadata": {"name": name, **meta, "ownerReferences": refs},
             "data": {
                 "trainer.json": trainer_config(
-                    run, Path(MODELS_DIR, run.spec.model.catalog), Path(TRAINER_STATE)
+                    run, Path(run.spec.model.in_pod(MODELS_DIR)), Path(TRAINER_STATE)
                 ).model_dump_json(indent=2)
             },
         },
@@ -351,10 +360,14 @@ def trainer_objects(
                                 "volumeMounts": [
                                     {"name": "state", "mountPath": TRAINER_STATE},
                                     {"name": "config", "mountPath": "/etc/cadence"},
+                                    *model_mounts(run),
                                 ],
                             }
                         ],
-                        "volumes": [{"name": "config", "configMap": {"name": name}}],
+                        "volumes": [
+                            {"name": "config", "configMap": {"name": name}},
+                            *model_volumes(run),
+                        ],
                         "automountServiceAccountToken": False,
                         "securityContext": POD_SECURITY,
                         **placement,

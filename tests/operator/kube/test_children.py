@@ -197,3 +197,54 @@ def test_a_group_has_a_disruption_budget_of_one_over_its_pods() -> None:
     selector = pdb["spec"]["selector"]["matchLabels"]
     pod = children.worker_pod(pool, group, _with_uid(group, "g"), load(EXAMPLE)[1], 0)
     assert selector.items() <= pod["metadata"]["labels"].items()
+
+
+def test_a_model_claim_is_mounted_read_only_where_workers_and_trainer_read_it() -> None:
+    """Issue 17, item 5: `model.uri: pvc://CLAIM/PATH` reaches both processes: the claim is
+    a read-only volume at /models and each opens /models/PATH."""
+    pool, run = load(EXAMPLE)
+    assert run.spec.model.uri == "pvc://models/qwen3-8b"
+    group = RolloutGroup.model_validate(children.rollout_groups(pool, _with_uid(pool, "p"))[0])
+    pod = children.worker_pod(pool, group, _with_uid(group, "g"), run, 0)
+    _valid(pod)
+    args = build_parser().parse_args(pod["spec"]["containers"][0]["args"])
+    assert args.model_path == Path("/models/qwen3-8b")
+    claim = {"name": "models", "persistentVolumeClaim": {"claimName": "models", "readOnly": True}}
+    mount = {"name": "models", "mountPath": "/models", "readOnly": True}
+    assert claim in pod["spec"]["volumes"]
+    assert mount in pod["spec"]["containers"][0]["volumeMounts"]
+    config_map, trainer, _ = children.trainer_objects(run, _with_uid(run, "r"), pool)
+    config = json.loads(config_map["data"]["trainer.json"])
+    assert config["model_path"] == "/models/qwen3-8b"
+    template = trainer["spec"]["template"]["spec"]
+    assert claim in template["volumes"] and mount in template["containers"][0]["volumeMounts"]
+
+
+@pytest.mark.parametrize(
+    ("model", "said"),
+    [
+        ({"uri": "s3://models/qwen3-8b"}, "String should match pattern"),
+        ({"uri": "pvc://models/q", "path": "/models/q"}, "not both"),
+    ],
+)
+def test_a_model_source_the_operator_cannot_mount_is_refused(
+    model: dict[str, str], said: str
+) -> None:
+    _, run = load(EXAMPLE)
+    body = run.model_dump(by_alias=True, exclude_none=True, mode="json")
+    body["spec"]["model"] = {**model, "catalog": "Qwen3-8B"}
+    with pytest.raises(ValueError, match=said):
+        type(run).model_validate(body)
+
+
+def test_without_a_claim_workers_open_the_models_path_or_the_catalogs_directory() -> None:
+    pool, run = load(EXAMPLE)
+    group = RolloutGroup.model_validate(children.rollout_groups(pool, _with_uid(pool, "p"))[0])
+    for model, where in (({}, "/models/Qwen3-8B"), ({"path": "/weights/q"}, "/weights/q")):
+        changed = run.model_copy(
+            update={"spec": run.spec.model_copy(update={"model": type(run.spec.model)(**model)})}
+        )
+        pod = children.worker_pod(pool, group, _with_uid(group, "g"), changed, 0)
+        args = build_parser().parse_args(pod["spec"]["containers"][0]["args"])
+        assert args.model_path == Path(where)
+        assert all(v["name"] != "models" for v in pod["spec"]["volumes"])

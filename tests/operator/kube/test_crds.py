@@ -205,6 +205,12 @@ RULE_CASES = [
         },
         [],
     ),
+    (
+        "TrainingRun",
+        {"model.uri": "pvc://weights/q", "model.path": "/models/q"},
+        ["give model.uri (a claim to mount) or model.path, not both"],
+    ),
+    ("TrainingRun", {"model.uri": "pvc://weights/q"}, []),
 ]
 
 
