@@ -39,6 +39,7 @@ GROUP = "cadence.dev"
 VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
+DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 # Pools and runs name what the operator makes for them, so their names must leave every
 # derived name valid: a DNS-1035 label (a Service's name starts with a letter), and short
 # enough for "{pool}-workers" (a Service), "{pool}-{group}-{index}" (a pod's hostname,
@@ -144,6 +145,54 @@ _REPLICA_BOUNDS = _rule(
 )
 
 
+# What the operator's own pods use; an overlay may not take these names.
+RESERVED_VOLUMES = frozenset({"shm", "models", "state", "config"})
+RESERVED_ENV = frozenset({"CADENCE_TOKEN"})
+
+
+class PodOverlay(_Spec):
+    """What a platform adds to the pods the operator makes, as KubeRay's and
+    LeaderWorkerSet's pod templates let it: placement (affinity, topology spread,
+    priority, a gang scheduler's name), identity (service account, pull secrets,
+    runtime class), and extra env, volumes and mounts for the main container. Merged over
+    what the operator sets: its labels, selectors, arguments, ports and probes stay its
+    own; the Kubernetes objects inside (affinity, a volume) are checked by the API server
+    when the pod is made, and a refusal is the group's `Degraded` condition."""
+
+    labels: dict[str, LabelValue] = Field(default={}, max_length=64)
+    annotations: dict[str, str] = Field(default={}, max_length=64)
+    affinity: dict[str, Any] | None = Field(default=None)
+    topology_spread_constraints: list[dict[str, Any]] = Field(default=[], max_length=16)
+    priority_class_name: str | None = Field(default=None, pattern=DNS_SUBDOMAIN)
+    scheduler_name: str | None = Field(default=None, min_length=1)
+    service_account_name: str | None = Field(default=None, pattern=DNS_SUBDOMAIN)
+    automount_service_account_token: bool | None = None
+    runtime_class_name: str | None = Field(default=None, pattern=DNS_SUBDOMAIN)
+    image_pull_secrets: list[str] = Field(default=[], max_length=16)
+    env: list[dict[str, Any]] = Field(default=[], max_length=64)
+    volumes: list[dict[str, Any]] = Field(default=[], max_length=32)
+    volume_mounts: list[dict[str, Any]] = Field(default=[], max_length=32)
+
+    _keys = field_validator("labels")(_label_keys)
+
+    @model_validator(mode="after")
+    def _own_names(self) -> Self:
+        for kind, items, reserved in (
+            ("volume", self.volumes, RESERVED_VOLUMES),
+            ("env", self.env, RESERVED_ENV),
+        ):
+            for item in items:
+                name = item.get("name")
+                if not isinstance(name, str) or not name:
+                    raise ValueError(f"every {kind} of the pod template needs a name")
+                if name in reserved:
+                    raise ValueError(f"{kind} name {name!r} is the operator's own")
+        for mount in self.volume_mounts:
+            if not isinstance(mount.get("name"), str) or "mountPath" not in mount:
+                raise ValueError("every volume mount needs a name and a mountPath")
+        return self
+
+
 class GroupSettings(_Spec):
     """What a group of workers of one accelerator type runs with (a pool's group and a
     RolloutGroup share it)."""
@@ -165,6 +214,7 @@ class GroupSettings(_Spec):
     tolerations: list[Toleration] = []
     price_per_hour: float | None = Field(default=None, ge=0)
     engine: EngineSettings = EngineSettings()
+    template: PodOverlay = PodOverlay()
 
     _keys = field_validator("node_selector")(_label_keys)
 
@@ -340,6 +390,7 @@ class TrainerSpec(_Spec):
     resources: dict[str, Quantity] = {}
     node_selector: dict[str, LabelValue] = Field(default={}, max_length=64)
     tolerations: list[Toleration] = []
+    template: PodOverlay = PodOverlay()
     storage: Quantity = "20Gi"
     keep_state: bool = False
     learning_rate: float = Field(default=2e-2, ge=0)

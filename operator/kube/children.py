@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from cadence.operator.api.resources import (
+    PodOverlay,
     RolloutGroup,
     RolloutPool,
     TrainingRun,
@@ -112,16 +113,20 @@ def group_drift(current: Mapping[str, Any], wanted: Mapping[str, Any]) -> dict[s
     return {k: wanted.get(k) for k in sorted(keys) if current.get(k) != wanted.get(k)}
 
 
-def template_hash(pod: Mapping[str, Any]) -> str:
+def template_hash(pod: Mapping[str, Any], overlay: PodOverlay | None = None) -> str:
     """What a worker pod runs, as a short hash: its spec without what names this one pod
-    (hostname, --id), so every pod of one template hashes alike."""
+    (hostname, --id), so every pod of one template hashes alike; and the labels and
+    annotations a pod template overlay adds."""
     spec = copy.deepcopy(dict(pod["spec"]))
     spec.pop("hostname", None)
     for c in spec["containers"]:
         args = c.get("args", [])
         if "--id" in args:
             args[args.index("--id") + 1] = ""
-    text = json.dumps(spec, sort_keys=True)
+    hashed: dict[str, Any] = spec
+    if overlay is not None and (overlay.labels or overlay.annotations):
+        hashed = {"spec": spec, "labels": overlay.labels, "annotations": overlay.annotations}
+    text = json.dumps(hashed, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
@@ -268,8 +273,47 @@ def worker_pod(
         },
         "spec": spec,
     }
-    out["metadata"]["labels"][TEMPLATE_LABEL] = template_hash(out)
+    overlaid(out["metadata"], spec, g.template)
+    out["metadata"]["labels"][TEMPLATE_LABEL] = template_hash(out, g.template)
     return out
+
+
+# The pod fields an overlay sets outright (by their Kubernetes names).
+_OVERLAY_FIELDS = (
+    "affinity",
+    "topologySpreadConstraints",
+    "priorityClassName",
+    "schedulerName",
+    "serviceAccountName",
+    "automountServiceAccountToken",
+    "runtimeClassName",
+)
+
+
+def overlaid(meta: dict[str, Any], spec: dict[str, Any], overlay: PodOverlay) -> None:
+    """`overlay` merged into a pod's metadata and spec, in place: labels and annotations
+    under the operator's own, the placement and identity fields it gives, and its env,
+    volumes and mounts after the operator's on the main container."""
+    if overlay.labels:
+        meta["labels"] = {**overlay.labels, **meta.get("labels", {})}
+    if overlay.annotations:
+        meta["annotations"] = {**overlay.annotations, **meta.get("annotations", {})}
+    given = overlay.model_dump(by_alias=True, exclude_none=True, exclude_defaults=True)
+    for key in _OVERLAY_FIELDS:
+        if key in given:
+            spec[key] = copy.deepcopy(given[key])
+    if overlay.image_pull_secrets:
+        spec["imagePullSecrets"] = [{"name": n} for n in overlay.image_pull_secrets]
+    main = spec["containers"][0]
+    if overlay.env:
+        main["env"] = [*main.get("env", []), *copy.deepcopy(overlay.env)]
+    if overlay.volume_mounts:
+        main["volumeMounts"] = [
+            *main.get("volumeMounts", []),
+            *copy.deepcopy(overlay.volume_mounts),
+        ]
+    if overlay.volumes:
+        spec["volumes"] = [*spec.get("volumes", []), *copy.deepcopy(overlay.volumes)]
 
 
 def model_volumes(run: TrainingRun) -> list[dict[str, Any]]:
@@ -311,7 +355,7 @@ def trainer_objects(
     if t.tolerations:
         placement["tolerations"] = [x.model_dump(exclude_none=True) for x in t.tolerations]
     kept = "Retain" if t.keep_state else "Delete"
-    return [
+    objects: list[dict[str, Any]] = [
         {
             "apiVersion": "v1",
             "kind": "ConfigMap",
@@ -396,6 +440,9 @@ def trainer_objects(
             },
         },
     ]
+    template = objects[1]["spec"]["template"]
+    overlaid(template["metadata"], template["spec"], t.template)
+    return objects
 
 
 @dataclass(frozen=True, slots=True)

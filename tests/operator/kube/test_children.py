@@ -248,3 +248,86 @@ def test_without_a_claim_workers_open_the_models_path_or_the_catalogs_directory(
         args = build_parser().parse_args(pod["spec"]["containers"][0]["args"])
         assert args.model_path == Path(where)
         assert all(v["name"] != "models" for v in pod["spec"]["volumes"])
+
+
+OVERLAY = {
+    "labels": {"team": "rl", "cadence.dev/group": "not-mine"},
+    "annotations": {"example.com/owner": "rl-infra"},
+    "affinity": {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}
+                ]
+            }
+        }
+    },
+    "topologySpreadConstraints": [
+        {
+            "maxSkew": 1,
+            "topologyKey": "kubernetes.io/hostname",
+            "whenUnsatisfiable": "DoNotSchedule",
+        }
+    ],
+    "priorityClassName": "rollouts",
+    "schedulerName": "volcano",
+    "serviceAccountName": "rollout-reader",
+    "imagePullSecrets": ["registry"],
+    "env": [{"name": "HF_HUB_OFFLINE", "value": "1"}],
+    "volumes": [{"name": "cache", "emptyDir": {}}],
+    "volumeMounts": [{"name": "cache", "mountPath": "/cache"}],
+}
+
+
+def test_a_pod_template_overlay_reaches_worker_and_trainer_pods_under_the_operators_own() -> None:
+    pool, run = load(EXAMPLE)
+    group = RolloutGroup.model_validate(children.rollout_groups(pool, _with_uid(pool, "p"))[0])
+    plain = children.worker_pod(pool, group, _with_uid(group, "g"), run, 0)
+    obj = _with_uid(group, "g")
+    obj["spec"]["template"] = OVERLAY
+    group = RolloutGroup.model_validate(obj)
+    pod = children.worker_pod(pool, group, obj, run, 0)
+    _valid(pod)
+    meta, spec = pod["metadata"], pod["spec"]
+    assert meta["labels"]["team"] == "rl"
+    assert meta["labels"]["cadence.dev/group"] == group.spec.group  # the operator's label wins
+    assert meta["annotations"] == {"example.com/owner": "rl-infra"}
+    for key in ("affinity", "topologySpreadConstraints", "priorityClassName", "schedulerName"):
+        assert spec[key] == OVERLAY[key]
+    assert spec["serviceAccountName"] == "rollout-reader"
+    assert spec["imagePullSecrets"] == [{"name": "registry"}]
+    main = spec["containers"][0]
+    assert [e["name"] for e in main["env"]] == ["CADENCE_TOKEN", "HF_HUB_OFFLINE"]
+    assert main["volumeMounts"][-1] == {"name": "cache", "mountPath": "/cache"}
+    assert spec["volumes"][0]["name"] == "shm" and spec["volumes"][-1]["name"] == "cache"
+    assert main["args"] == plain["spec"]["containers"][0]["args"]
+    # A changed overlay is a changed template: the group's pods are replaced, one at a time.
+    label = children.TEMPLATE_LABEL
+    assert meta["labels"][label] != plain["metadata"]["labels"][label]
+
+    body = _with_uid(run, "r")
+    body["spec"]["trainer"]["template"] = {"priorityClassName": "training"}
+    trainer = children.trainer_objects(type(run).model_validate(body), body, pool)[1]
+    _valid(trainer)
+    assert trainer["spec"]["template"]["spec"]["priorityClassName"] == "training"
+
+
+@pytest.mark.parametrize(
+    ("overlay", "said"),
+    [
+        ({"volumes": [{"name": "shm", "emptyDir": {}}]}, "volume name 'shm' is the operator's"),
+        ({"env": [{"name": "CADENCE_TOKEN", "value": "x"}]}, "env name 'CADENCE_TOKEN'"),
+        ({"volumeMounts": [{"name": "cache"}]}, "needs a name and a mountPath"),
+        ({"labels": {"bad key!": "x"}}, "is not a label key"),
+    ],
+)
+def test_an_overlay_that_would_take_the_operators_names_is_refused(
+    overlay: dict[str, Any], said: str
+) -> None:
+    pool, _ = load(EXAMPLE)
+    obj = _with_uid(
+        RolloutGroup.model_validate(children.rollout_groups(pool, _with_uid(pool, "p"))[0]), "g"
+    )
+    obj["spec"]["template"] = overlay
+    with pytest.raises(ValueError, match=said):
+        RolloutGroup.model_validate(obj)
