@@ -14,7 +14,8 @@ and each run's control loop live here instead, in one task the operator starts:
   handlers, so the two never act on one object at once;
 - each TrainingRun has one control loop task while it exists; a loop that returned (a
   finished run, a pool not yet bound) is started again on the next turn and returns at
-  once when there is nothing to do.
+  once when there is nothing to do; a run whose spec changed (a scheduler knob) gets its
+  loop ended and a new one started with the new settings, never two at once.
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ class Stopped:
 class Loop:
     task: asyncio.Task[None]
     stopped: Stopped
+    generation: int | None  # of the run's spec it was started with
 
 
 @dataclass
@@ -67,7 +69,7 @@ class Supervisor:
     stop_timeout_s: float = 10.0  # a loop asked to stop is cancelled after this
     seen: dict[Key, dict[str, Any]] = field(default_factory=dict)
     loops: dict[Key, Loop] = field(default_factory=dict)
-    stopping: set[asyncio.Task[None]] = field(default_factory=set)
+    stopping: dict[Key, asyncio.Task[None]] = field(default_factory=dict)
     task: asyncio.Task[None] | None = None
 
     def saw(self, plural: str, kind: str | None, body: Mapping[str, Any]) -> None:
@@ -119,8 +121,16 @@ class Supervisor:
             log.warning("writing %s %s/%s's status failed: %s", *key, e)
 
     def _keep_loop(self, key: Key, body: dict[str, Any]) -> None:
+        if key in self.stopping:
+            return  # the old loop is still ending: never two loops on one run
         loop = self.loops.get(key)
+        generation = body["metadata"].get("generation")
         if loop is not None and not loop.task.done():
+            if loop.generation != generation:
+                # Its spec changed (a knob): the loop ends and the next turn starts one
+                # with the new settings, rebuilding its view as after an operator restart.
+                log.info("TrainingRun %s/%s changed; its control loop restarts", *key[1:])
+                self._stop(key)
             return
         if loop is not None and not loop.task.cancelled() and loop.task.exception():
             exc = loop.task.exception()
@@ -129,15 +139,15 @@ class Supervisor:
         task = asyncio.get_running_loop().create_task(
             self.control(body, stopped), name=f"control {key[1]}/{key[2]}"
         )
-        self.loops[key] = Loop(task, stopped)
+        self.loops[key] = Loop(task, stopped, generation)
 
     def _stop(self, key: Key) -> None:
         loop = self.loops.pop(key, None)
         if loop is None or loop.task.done():
             return
         task = asyncio.get_running_loop().create_task(self._end(loop))
-        self.stopping.add(task)
-        task.add_done_callback(self.stopping.discard)
+        self.stopping[key] = task
+        task.add_done_callback(lambda _: self.stopping.pop(key, None))
 
     async def _end(self, loop: Loop) -> None:
         loop.stopped.set()
@@ -156,4 +166,4 @@ class Supervisor:
         for key in list(self.loops):
             self._stop(key)
         if self.stopping:
-            await asyncio.wait(set(self.stopping))
+            await asyncio.wait(set(self.stopping.values()))

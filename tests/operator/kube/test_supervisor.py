@@ -125,3 +125,34 @@ def test_a_loop_that_ignores_its_stop_is_cancelled() -> None:
 
     asyncio.run(go())
     assert cancelled == ["digits"]
+
+
+def test_a_changed_run_gets_a_new_loop_after_the_old_one_ends() -> None:
+    """A scheduler knob changed on a live run reaches its loop: the old loop is stopped,
+    and only once it has ended does the next turn start one with the new spec."""
+    supervisor, calls, kube = _supervisor()
+    run = kube.put(example("TrainingRun"))
+    seen: list[float] = []
+
+    async def control(body: dict[str, Any], stopped: Stopped) -> None:
+        seen.append(body["spec"]["scheduler"]["eta"])
+        await calls.control(body, stopped)
+
+    supervisor.control = control
+
+    async def go() -> None:
+        supervisor.saw("trainingruns", None, run)
+        await supervisor.turn()
+        await _until(lambda: calls.started)
+        changed = {**run, "metadata": {**run["metadata"], "generation": 2}}
+        changed["spec"] = {**run["spec"], "scheduler": {**run["spec"]["scheduler"], "eta": 3}}
+        supervisor.saw("trainingruns", "MODIFIED", changed)
+        await supervisor.turn()  # asks the old loop to stop
+        await _until(lambda: calls.ended)
+        await _until(lambda: not supervisor.stopping)
+        await supervisor.turn()  # starts the new one
+        await _until(lambda: len(calls.started) == 2)
+        await supervisor.aclose()
+
+    asyncio.run(go())
+    assert seen[1] == 3 and len(calls.started) == 2
