@@ -29,13 +29,17 @@ def _cmd_operator(args: argparse.Namespace) -> int:
         raise UsageError("give --all-namespaces or one or more --namespace")
     from cadence.operator.kube.serve import serve  # noqa: PLC0415
 
-    serve(
+    led = serve(
         namespaces=args.namespace or [],
         server=args.server,
         metrics_port=args.metrics_port,
         health_port=args.health_port,
         resync_s=args.resync_s,
+        leader_elect=args.leader_elect,
+        lease_namespace=args.lease_namespace,
     )
+    if not led:
+        raise RunFailed("lost leadership (the Lease); restart to stand by again")
     return 0
 
 
@@ -76,6 +80,15 @@ def add_operator(sub: Commands) -> None:
         default=5.0,
         help="reconcile every object at least this often, seconds (default 5): what "
         "notices changes no handler is called for (a pool released, a pod gone)",
+    )
+    op.add_argument(
+        "--leader-elect",
+        action="store_true",
+        help="elect one leader among replicas through a Lease; the others stand by",
+    )
+    op.add_argument(
+        "--lease-namespace",
+        help="the Lease's namespace (default: the pod's own, else default)",
     )
     op.set_defaults(run=_cmd_operator)
 

@@ -9,7 +9,8 @@ selectors.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import json
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -38,6 +39,7 @@ PLURALS = {
     "StatefulSet": "statefulsets",
     "PodDisruptionBudget": "poddisruptionbudgets",
     "Event": "events",
+    "Lease": "leases",
     "RolloutGroup": "rolloutgroups",
     "RolloutPool": "rolloutpools",
     "TrainingRun": "trainingruns",
@@ -156,6 +158,16 @@ class Kube:
     async def patch(self, url: str, body: Mapping[str, Any]) -> dict[str, Any]:
         headers = {"Content-Type": "application/merge-patch+json"}
         response = await self.http.patch(url, json=dict(body), headers=headers)
+        if response.status_code >= 400:
+            raise KubeError(response.status_code, response.text[:300])
+        patched: dict[str, Any] = response.json()
+        return patched
+
+    async def json_patch(self, url: str, ops: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        """A JSON patch (RFC 6902): with a `test` of metadata.resourceVersion, a write
+        that only succeeds on the version it was computed from."""
+        headers = {"Content-Type": "application/json-patch+json"}
+        response = await self.http.patch(url, content=json.dumps(list(ops)), headers=headers)
         if response.status_code >= 400:
             raise KubeError(response.status_code, response.text[:300])
         patched: dict[str, Any] = response.json()

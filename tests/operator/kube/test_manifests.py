@@ -18,6 +18,7 @@ import pytest
 import yaml
 from pydantic import BaseModel
 
+from cadence.cli import build_parser
 from cadence.operator.api.resources import RolloutPool, TrainingRun, groups_of
 from cadence.operator.kube import crds
 from tests.helpers import ROOT
@@ -75,6 +76,8 @@ def test_the_base_renders_and_every_object_is_valid() -> None:
             "Deployment",
             "Namespace",
             "NetworkPolicy",
+            "Role",  # the leader election's Lease, in its own namespace
+            "RoleBinding",
             "Service",
             "ServiceAccount",
         ]
@@ -94,6 +97,9 @@ def test_the_base_renders_and_every_object_is_valid() -> None:
     (operator,) = deployment["spec"]["template"]["spec"]["containers"]
     assert operator["startupProbe"]["httpGet"]["path"] == "/healthz"
     assert operator["resources"]["requests"]["memory"] == "256Mi"
+    # Two replicas, one leader: the arguments are ones `cadence operator` takes.
+    args = build_parser().parse_args(operator["args"])
+    assert args.leader_elect and deployment["spec"]["replicas"] == 2
 
 
 @pytest.mark.kubectl  # kubectl kustomize
