@@ -33,11 +33,18 @@ def operator_registry(
     reconciler: Reconciler | None = None,
     *,
     resync_s: float = 5.0,
+    namespaced: bool = True,
 ) -> kopf.OperatorRegistry:
     """The operator's handlers on a fresh registry; `reconciler` replaces the default
     one (tests give workers' and the trainer's endpoints on this machine). Every object
-    is reconciled again each `resync_s` seconds."""
+    is reconciled again each `resync_s` seconds. A `namespaced` operator (given its
+    namespaces) asks nothing of the cluster as a whole: kopf's scanning of namespaces
+    and CRDs is off, so a Role in each namespace is all it needs."""
     registry = kopf.OperatorRegistry()
+
+    @kopf.on.startup(registry=registry)
+    def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+        settings.scanning.disabled = namespaced
 
     @kopf.on.login(registry=registry)
     def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
@@ -111,7 +118,9 @@ async def operate(
         inner = asyncio.Event()
         operator = asyncio.ensure_future(
             kopf.operator(
-                registry=operator_registry(kube, server, reconciler, resync_s=resync_s),
+                registry=operator_registry(
+                    kube, server, reconciler, resync_s=resync_s, namespaced=bool(namespaces)
+                ),
                 standalone=True,
                 clusterwide=not namespaces,
                 namespaces=namespaces,

@@ -103,6 +103,51 @@ def test_the_base_renders_and_every_object_is_valid() -> None:
 
 
 @pytest.mark.kubectl  # kubectl kustomize
+def test_the_namespaced_install_stays_in_its_namespace() -> None:
+    """manifests/namespaced: nothing cluster-wide, everything in one namespace, the
+    operator watching the namespace it runs in, bound to its Roles there, and reachable
+    by its workers there; its Role is the ClusterRole less the cluster-wide reads."""
+    docs = _kustomize(MANIFESTS / "namespaced")
+    assert sorted(d["kind"] for d in docs) == sorted(
+        [
+            "Deployment",
+            "NetworkPolicy",
+            "Role",
+            "Role",
+            "RoleBinding",
+            "RoleBinding",
+            "Service",
+            "ServiceAccount",
+        ]
+    )
+    for doc in docs:
+        _check(doc)
+        assert doc["metadata"]["namespace"] == "rl-team", doc["kind"]
+    for binding in (d for d in docs if d["kind"] == "RoleBinding"):
+        assert binding["subjects"][0]["namespace"] == "rl-team"
+    (deployment,) = [d for d in docs if d["kind"] == "Deployment"]
+    (operator,) = deployment["spec"]["template"]["spec"]["containers"]
+    args = build_parser().parse_args(operator["args"])
+    assert args.namespace == ["$(POD_NAMESPACE)"] and not args.all_namespaces
+    (env,) = operator["env"]
+    assert env["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
+    (policy,) = [d for d in docs if d["kind"] == "NetworkPolicy"]
+    source = policy["spec"]["ingress"][0]["from"][0]
+    assert source["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"] == "rl-team"
+    role = next(
+        d for d in docs if d["kind"] == "Role" and d["metadata"]["name"] == "cadence-operator"
+    )
+    base = _kustomize(MANIFESTS / "base")
+    cluster = next(
+        d
+        for d in base
+        if d["kind"] == "ClusterRole" and d["metadata"]["name"] == "cadence-operator"
+    )
+    cluster_wide = {"namespaces", "customresourcedefinitions"}
+    assert role["rules"] == [r for r in cluster["rules"] if not cluster_wide & set(r["resources"])]
+
+
+@pytest.mark.kubectl  # kubectl kustomize
 def test_the_operator_is_granted_nothing_by_wildcard() -> None:
     docs = _kustomize(MANIFESTS / "base")
     (role,) = [d for d in docs if d["metadata"]["name"] == "cadence-operator" and "rules" in d]
