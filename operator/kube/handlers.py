@@ -572,6 +572,14 @@ class Handling:
     )
     calls: dict[str, Callable[[Mapping[str, Any], Events], Any]] = field(default_factory=dict)
 
+    def forget(self, key: tuple[str, str, str]) -> None:
+        """A deleted object's lock and last announced state go with it."""
+        lock = self.busy.get(key)
+        if lock is not None and not lock.locked():
+            del self.busy[key]
+        self.said.pop(key, None)
+        self.reconciler.reconciles.pop(key, None)
+
     async def reconcile_one(
         self, key: tuple[str, str, str], body: Mapping[str, Any], patch: kopf.Patch
     ) -> None:
@@ -654,7 +662,13 @@ def register(
     them needs kopf's finalizer, so none is put on Cadence's objects (and one an earlier
     version put is taken off by kopf at the next event)."""
     handling = Handling(reconciler)
-    supervisor = Supervisor(reconciler.kube, handling.reconcile_one, reconciler.control, resync_s)
+    supervisor = Supervisor(
+        reconciler.kube,
+        handling.reconcile_one,
+        reconciler.control,
+        handling.forget,
+        interval_s=resync_s,
+    )
 
     for plural, call in (
         ("rolloutpools", reconciler.pool),

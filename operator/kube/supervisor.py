@@ -65,6 +65,7 @@ class Supervisor:
     kube: KubeApi
     reconcile: Reconcile  # Handling.reconcile, under its per-object lock
     control: Control  # Reconciler.control
+    forget: Callable[[Key], None] = lambda key: None  # what else is kept per object
     interval_s: float = 5.0
     stop_timeout_s: float = 10.0  # a loop asked to stop is cancelled after this
     seen: dict[Key, dict[str, Any]] = field(default_factory=dict)
@@ -79,6 +80,7 @@ class Supervisor:
         if kind == "DELETED":
             self.seen.pop(key, None)
             self._stop(key)
+            self.forget(key)
             return
         live = self.seen.setdefault(key, {})
         # One dict per object, updated in place: a run's control loop holds it and reads

@@ -50,6 +50,8 @@ async def _until(predicate: Any) -> None:
 
 def test_each_turn_reconciles_what_the_watch_saw_and_writes_its_status() -> None:
     supervisor, calls, kube = _supervisor()
+    forgotten: list[Key] = []
+    supervisor.forget = forgotten.append
     pool = kube.put(example("RolloutPool"))
 
     async def go() -> None:
@@ -60,6 +62,7 @@ def test_each_turn_reconciles_what_the_watch_saw_and_writes_its_status() -> None
         assert stored is not None and stored["status"]["seen"] == 2
         supervisor.saw("rolloutpools", "DELETED", pool)
         await supervisor.turn()
+        assert forgotten == [("rolloutpools", "default", "mixed")]  # nothing kept of it
 
     asyncio.run(go())
     assert calls.reconciled == [("rolloutpools", "default", "mixed")] * 2
