@@ -57,8 +57,14 @@ class ResourceError(ValueError):
 
 
 class _Spec(BaseModel):
+    # A field's docstring (the string under it) is its description in the JSON schema,
+    # so in the CRDs and in `kubectl explain`.
     model_config = ConfigDict(
-        extra="forbid", frozen=True, alias_generator=to_camel, populate_by_name=True
+        extra="forbid",
+        frozen=True,
+        alias_generator=to_camel,
+        populate_by_name=True,
+        use_attribute_docstrings=True,
     )
 
 
@@ -66,22 +72,42 @@ class CustomAccelerator(_Spec):
     """An accelerator type the catalog lacks: its figures (estimates)."""
 
     memory_gb: float = Field(gt=0)
+    """One device's memory, in GB (10^9 bytes)."""
     bandwidth_tb_s: float = Field(gt=0)
+    """One device's memory bandwidth, in TB/s."""
     bf16_tflops: float = Field(gt=0)
+    """One device's dense BF16 compute, in TFLOPS."""
 
 
 class EngineSettings(_Spec):
-    tensor_parallel: int | None = Field(default=None, ge=1)  # None: the smallest that fits
+    """How each worker of a group starts its inference engine (vLLM on a cluster)."""
+
+    tensor_parallel: int | None = Field(default=None, ge=1)
+    """Devices one worker's engine spans (tensor parallelism); unset: the smallest degree
+    that holds the longest trajectory plus hMin + delta, as the pool's capacity check and
+    an emulated worker take it, while a vLLM worker starts at 1, so set it on a cluster."""
     max_model_len: int = Field(default=4096, ge=16)
+    """The longest trajectory (prompt and response) a worker serves, in tokens (vLLM's
+    max_model_len); every group must hold the pool's longest plus hMin + delta."""
     memory_utilization: float = Field(default=0.9, gt=0, le=1)
-    kv_transfer: bool = False  # vLLM KV connectors between workers of one vendor
+    """The share of each device's memory the engine may take, above 0 and at most 1
+    (vLLM's gpu_memory_utilization); what the weights leave is KV cache."""
+    kv_transfer: bool = False
+    """Reserved for vLLM KV connectors between workers of one vendor: nothing reads it
+    yet, and a trajectory that moves is prefilled again where it lands."""
 
 
 class Toleration(_Spec):
+    """A Kubernetes toleration: the pod may run on nodes with a matching taint."""
+
     key: str | None = None
+    """The taint's key; unset with operator Exists: every taint."""
     operator: Literal["Equal", "Exists"] = "Equal"
+    """Equal: the taint's key and value match; Exists: its key alone does."""
     value: str | None = None
+    """The taint's value, for operator Equal."""
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+    """The taint effect tolerated; unset: every effect."""
 
 
 # Kubernetes' own patterns: a resource quantity (`1`, `500m`, `16Gi`) and a label's key
@@ -129,8 +155,29 @@ def _label_keys(selector: dict[str, str]) -> dict[str, str]:
 
 def _rule(rule: str, message: str) -> JsonDict:
     """A CEL rule the generated CRD carries (x-kubernetes-validations); the pydantic
-    validator next to it checks the same, so both paths refuse the same objects."""
+    validator next to it checks the same, so both paths refuse the same objects (but for
+    the transition rules below, which only the API server can check)."""
     return {"rule": rule, "message": message}
+
+
+# Immutability, as CEL transition rules: what the operator cannot honour once an object
+# exists. The API server checks them on updates only, with the stored object as
+# `oldSelf` (never on create), so no model can check them: a file has no old object.
+def _same(message: str) -> JsonDict:
+    """On a field that is always present (required): it keeps its first value."""
+    return _rule("self == oldSelf", message)
+
+
+def _kept(field: str, message: str) -> JsonDict:
+    """On the object holding `field` (its camelCase name): the field is never added,
+    removed or changed. On the parent, not the field, because a field's own rule runs
+    only when the field is in both objects, and one whose default is an object has no
+    default in the CRD (the API server would not fill it in)."""
+    return _rule(
+        f"has(self.{field}) == has(oldSelf.{field})"
+        f" && (!has(self.{field}) || self.{field} == oldSelf.{field})",
+        message,
+    )
 
 
 _KNOWN_ACCELERATOR = _rule(
@@ -160,18 +207,35 @@ class PodOverlay(_Spec):
     when the pod is made, and a refusal is the group's `Degraded` condition."""
 
     labels: dict[str, LabelValue] = Field(default={}, max_length=64)
+    """Labels added to the pods; the operator's own keys keep the operator's values."""
     annotations: dict[str, str] = Field(default={}, max_length=64)
+    """Annotations added to the pods."""
     affinity: dict[str, Any] | None = Field(default=None)
+    """The pods' affinity, a Kubernetes Affinity (node, pod and pod anti-affinity)."""
     topology_spread_constraints: list[dict[str, Any]] = Field(default=[], max_length=16)
+    """The pods' topologySpreadConstraints, as Kubernetes writes them."""
     priority_class_name: str | None = Field(default=None, pattern=DNS_SUBDOMAIN)
+    """The PriorityClass the pods run at."""
     scheduler_name: str | None = Field(default=None, min_length=1)
+    """The scheduler that places the pods (a gang scheduler such as volcano); unset: the
+    cluster's default scheduler."""
     service_account_name: str | None = Field(default=None, pattern=DNS_SUBDOMAIN)
+    """The ServiceAccount the pods run as; unset: the namespace's default."""
     automount_service_account_token: bool | None = None
+    """Whether the pods get an API token mounted; unset: they get none."""
     runtime_class_name: str | None = Field(default=None, pattern=DNS_SUBDOMAIN)
+    """The RuntimeClass the pods run with (for example nvidia)."""
     image_pull_secrets: list[str] = Field(default=[], max_length=16)
+    """Names of Secrets in the namespace the images are pulled with."""
     env: list[dict[str, Any]] = Field(default=[], max_length=64)
+    """Environment variables (Kubernetes EnvVar objects) added to the main container,
+    after the operator's own; CADENCE_TOKEN is the operator's."""
     volumes: list[dict[str, Any]] = Field(default=[], max_length=32)
+    """Volumes (Kubernetes Volume objects) added to the pods; shm, models, state and
+    config are the operator's names."""
     volume_mounts: list[dict[str, Any]] = Field(default=[], max_length=32)
+    """Mounts (Kubernetes VolumeMount objects, each with a name and a mountPath) added to
+    the main container."""
 
     _keys = field_validator("labels")(_label_keys)
 
@@ -202,19 +266,39 @@ class GroupSettings(_Spec):
     )
 
     accelerator: str = Field(min_length=1)
+    """The workers' accelerator type: a catalog name (A100-80GB, A910X, Ascend910B3,
+    Ascend910B4, BI-V150, H100, H20, H200, H800, L40S, MI300X), or any name with its
+    figures under custom; the capacity check, the scheduler's step costs and an emulated
+    worker follow it, and the pods carry it as the label cadence.dev/accelerator."""
     custom: CustomAccelerator | None = None
+    """The figures of an accelerator type the catalog lacks; unset: the catalog's."""
     affinity: int = Field(default=0, ge=0)
+    """The group's affinity rank: a version's long tail concentrates on the workers of
+    the highest rank, so give the fastest type the highest number."""
     replicas: int = Field(default=1, ge=0)
+    """Worker pods in the group (one worker each); in a pool, only the number its
+    RolloutGroup starts with, which then owns the group's size."""
     min_replicas: int = Field(default=0, ge=0)
+    """The fewest workers replicas may be set to (by hand, or an autoscaler's /scale)."""
     max_replicas: int = Field(default=64, ge=0, le=MAX_REPLICAS)
+    """The most workers replicas may be set to."""
     resources: dict[str, Quantity] = {}
+    """What each worker pod requests, as Kubernetes quantities (nvidia.com/gpu: 1,
+    memory: 64Gi); devices are limits too, and cpu and memory default to 2 and 8Gi."""
     # Keys are checked by the model, not by CEL: a rule over a map's keys, whose length
     # no schema bounds, can exceed the API server's cost budget for a CRD.
     node_selector: dict[str, LabelValue] = Field(default={}, max_length=64)
+    """Node labels a worker pod's node must have (the pod's nodeSelector)."""
     tolerations: list[Toleration] = []
+    """Node taints the worker pods tolerate."""
     price_per_hour: float | None = Field(default=None, ge=0)
+    """One worker's price, in dollars per hour, for the run's tokens per dollar; unset:
+    the catalog's price under `cadence run`, 0 in the operator."""
     engine: EngineSettings = EngineSettings()
+    """How each worker starts its engine: tensor parallelism, context length, memory."""
     template: PodOverlay = PodOverlay()
+    """What a platform adds to the worker pods (placement, identity, extra env, volumes
+    and mounts); a change replaces the group's pods one at a time."""
 
     _keys = field_validator("node_selector")(_label_keys)
 
@@ -239,9 +323,13 @@ class PoolGroup(GroupSettings):
     group's own resource (`RolloutGroup`) owns it, so an autoscaler may drive it."""
 
     name: str = Field(pattern=DNS_LABEL, max_length=63)
+    """The group's name, unique in the pool: its RolloutGroup is named POOL-NAME and its
+    worker pods POOL-NAME-INDEX."""
 
 
 class RolloutPoolSpec(_Spec):
+    """Groups of rollout workers, one accelerator type each, and the image they run."""
+
     model_config = ConfigDict(
         json_schema_extra={
             "x-kubernetes-validations": [
@@ -254,8 +342,14 @@ class RolloutPoolSpec(_Spec):
     )
 
     groups: list[PoolGroup] = Field(min_length=1, max_length=32)
+    """The pool's groups of workers, one accelerator type each (1 to 32, unique names);
+    each becomes a RolloutGroup the pool owns."""
     image: str = "cadence:latest"
+    """The worker pods' container image (with vLLM for the cluster's accelerators), and
+    the trainer's unless its run names another."""
     token_secret: str = Field(default="cadence-token", pattern=DNS_LABEL)
+    """The Secret whose key `token` holds the bearer token the workers, the trainer and
+    the operator share; the operator makes it with a random token if it is missing."""
 
     @model_validator(mode="after")
     def _unique(self) -> Self:
@@ -269,7 +363,9 @@ class Metadata(_Spec):
     model_config = ConfigDict(extra="allow", frozen=True)  # labels, annotations, uid, ...
 
     name: str = Field(pattern=DNS_LABEL)
+    """The object's name, which the names of what the operator makes for it start with."""
     namespace: str = "default"
+    """The object's namespace, where everything made for it lives too."""
 
 
 POOL_NAME_RULES = (
@@ -347,8 +443,16 @@ class ModelRef(_Spec):
     )
 
     path: str | None = None
+    """The model's directory as the workers and the trainer see it: in the image or on a
+    volume the pod templates mount (default /models/CATALOG); under `cadence run`, a
+    local directory (default: a tiny model made on the spot); not with uri."""
     uri: str | None = Field(default=None, pattern=MODEL_URI)
+    """pvc://CLAIM/PATH: the PersistentVolumeClaim CLAIM, in the run's namespace, mounted
+    read-only at /models in every worker and the trainer, the model being /models/PATH;
+    not with path."""
     catalog: str = Field(default="Qwen3-8B", json_schema_extra={"enum": list(MODELS)})
+    """The catalog model the weights are (its size and KV per token): the pool's capacity
+    check, the scheduler's step costs and emulated workers follow it."""
 
     @model_validator(mode="after")
     def _known(self) -> Self:
@@ -380,6 +484,9 @@ class Dataset(_Spec):
     `external`, whose prompts and rewards an external trainer posts to the trainer's API."""
 
     task: Literal["digits", "arithmetic", "external"] = "digits"
+    """digits or arithmetic: prompts and a verifier built into the trainer; external: an
+    external trainer submits the prompts and trains each batch through the trainer's
+    API."""
 
 
 class TrainerSpec(_Spec):
@@ -387,16 +494,31 @@ class TrainerSpec(_Spec):
     `keepState` keeps the ledger and weights' volume after the run is deleted."""
 
     image: str | None = None
+    """The trainer's container image; unset: the pool's image."""
     resources: dict[str, Quantity] = {}
+    """What the trainer's pod requests, as Kubernetes quantities (nvidia.com/gpu: 1);
+    devices are limits too, and cpu and memory default to 2 and 8Gi."""
     node_selector: dict[str, LabelValue] = Field(default={}, max_length=64)
+    """Node labels the trainer pod's node must have (the pod's nodeSelector)."""
     tolerations: list[Toleration] = []
+    """Node taints the trainer pod tolerates."""
     template: PodOverlay = PodOverlay()
+    """What a platform adds to the trainer's pod (placement, identity, extra env,
+    volumes and mounts)."""
     storage: Quantity = "20Gi"
+    """The size of the trainer's PersistentVolumeClaim, which holds the ledger, the
+    published weights and the optimizer's state (a quantity such as 20Gi)."""
     keep_state: bool = False
+    """Keep the trainer's volume when the run is deleted; false: it goes with the run."""
     learning_rate: float = Field(default=2e-2, ge=0)
+    """AdamW's learning rate for each policy update."""
     advantages: Literal["group", "batch"] = "group"
+    """group (GRPO): a sample's reward minus its group's mean, over the group's standard
+    deviation; batch: its reward minus the batch's mean."""
     clip_eps: float = Field(default=0.2, gt=0)
+    """PPO-clip's epsilon: the importance ratio is clipped to [1 - clipEps, 1 + clipEps]."""
     epochs: int = Field(default=1, ge=1)
+    """Passes over each batch in one policy update."""
 
     _keys = field_validator("node_selector")(_label_keys)
 
@@ -421,14 +543,29 @@ class SchedulerSpec(_Spec):
     below 256 and 16 tokens, which also size the pool's workers."""
 
     policy: str = Field(default="cadence", json_schema_extra={"enum": list(POLICIES)})
+    """The control loop's policy: cadence, or a baseline to compare it with (sync,
+    one-off, areal, laminar, dora, laminar-native)."""
     eta: int = Field(default=1, ge=0)
+    """The staleness bound, in policy versions: a sample of batch u starts only on a
+    version of at least u - eta, and admission runs at most eta + 1 batches ahead of the
+    newest version; 0 is synchronous, on-policy training."""
     delta: AutoOrTokens = Field(default="auto", json_schema_extra=AUTO_OR_TOKENS)
+    """The decode reserve per resident, in tokens (a placement must leave the floor plus
+    delta for each resident free); auto: one control period's growth at the worker's
+    step rate, at least 16."""
     h_min: AutoOrTokens = Field(default="auto", json_schema_extra=AUTO_OR_TOKENS)
+    """The headroom floor, in tokens (a worker with less free KV evicts its longest
+    resident); auto: one control period's growth of all its residents at the worker's
+    step rate, at least 256."""
     control_period_s: float = Field(default=0.5, gt=0)
-    min_decode: int = Field(default=4, ge=1)  # anti-thrash minimum
-    # Start concentration even when no newer version has fresh work for the emptied
-    # source (the Cadence policy's experiment switch, off by default).
+    """Seconds between control cycles, each observing every worker and applying one
+    plan."""
+    min_decode: int = Field(default=4, ge=1)
+    """The anti-thrash minimum: a trajectory is not evicted before it has decoded this
+    many tokens where it was placed."""
     concentrate_without_fresh: bool = False
+    """Start concentration even when no newer version has fresh work for the emptied
+    source (the Cadence policy's experiment switch, off by default)."""
 
     @model_validator(mode="after")
     def _known(self) -> Self:
@@ -438,28 +575,80 @@ class SchedulerSpec(_Spec):
 
 
 class BatchSpec(_Spec):
-    prompts_per_batch: int = Field(default=8, ge=1)  # B
+    """The shape of a training batch and how its samples are drawn (the trainer's)."""
+
+    prompts_per_batch: int = Field(default=8, ge=1)
+    """B: prompts per training batch, each one a group of samples."""
     samples_per_prompt: int = Field(default=8, ge=2)
+    """Samples drawn per prompt: the group whose rewards GRPO's advantages compare."""
     max_tokens: int = Field(default=12, ge=1)
+    """The most tokens a sample's response may have."""
     iterations: int = Field(default=12, ge=1)
+    """Batches to train, each publishing the next policy version; the run succeeds after
+    the last."""
     temperature: float = Field(default=1.0, ge=0)
+    """The workers' sampling temperature (0: greedy), which the trainer scores at too."""
 
 
 class MultiTurnSpec(_Spec):
-    environment: str | None = None  # a URL, or "calculator" for the reference environment
+    """Tool calls: a sample that calls a tool leaves its worker while the environment
+    answers, and continues wherever the scheduler places it."""
+
+    environment: str | None = None
+    """What answers tool calls: a URL the workers call, or calculator for the reference
+    environment, which `cadence run` starts and the operator does not; unset:
+    single-turn."""
     max_tool_calls: int = Field(default=0, ge=0)
+    """The most tool calls one sample makes (later ones stay text); 0: none."""
     timeout_s: float = Field(default=30.0, gt=0)
+    """Seconds a worker waits for the environment on each try."""
     tries: int = Field(default=3, ge=1)
+    """Tries per tool call; a call that fails them all ends its sample as failed."""
+
+
+# What cannot change on a live run: the pool it bound, and what its trainer reads once,
+# from the ConfigMap made when the run binds its pool (never updated), and its ledger
+# records (the model, the dataset's cursor).
+RUN_FIXED = ("pool", "model", "dataset", "trainer", "batch")
+
+
+def _run_fixed(field: str) -> str:
+    return f"spec.{field} cannot change once the run exists; make a new TrainingRun"
 
 
 class TrainingRunSpec(_Spec):
+    """What a run trains (model, dataset, batch, trainer), on which pool, and how its
+    control loop schedules; only scheduler and multiTurn may change once it exists."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [_kept(f, _run_fixed(f)) for f in RUN_FIXED if f != "pool"]
+        }
+    )
+
     model: ModelRef = ModelRef()
-    pool: str = Field(pattern=DNS_LABEL)
+    """The policy model: where its weights are and the catalog model it is; fixed once
+    the run exists."""
+    pool: str = Field(
+        pattern=DNS_LABEL,
+        json_schema_extra={"x-kubernetes-validations": [_same(_run_fixed("pool"))]},
+    )
+    """The RolloutPool, in the run's namespace, whose workers serve the run (one run at
+    a time); fixed once the run exists."""
     dataset: Dataset = Dataset()
+    """Where prompts and rewards come from; fixed once the run exists (the ledger
+    records how far admission has read it)."""
     trainer: TrainerSpec = TrainerSpec()
+    """The trainer's pod and update rule, read once when the run binds its pool; fixed
+    once the run exists."""
     scheduler: SchedulerSpec = SchedulerSpec()
+    """The control loop's policy and knobs (staleness bound, floor, reserve, period)."""
     batch: BatchSpec = BatchSpec()
+    """Batch shape, length and sampling, read by the trainer once when the run binds its
+    pool; fixed once the run exists."""
     multi_turn: MultiTurnSpec = MultiTurnSpec()
+    """Tool calls: the environment and its limits; off unless environment and
+    maxToolCalls are set."""
 
 
 class TrainingRun(_Spec):
@@ -482,11 +671,17 @@ class Condition(_Spec):
     """A Kubernetes condition: `Ready`, `Progressing` or `Degraded` here."""
 
     type: str = Field(max_length=64)
+    """Ready, Progressing or Degraded."""
     status: Literal["True", "False", "Unknown"]
+    """Whether the condition holds: True, False or Unknown."""
     reason: str = Field(default="", max_length=128)
+    """Why, in one CamelCase word (PoolBusy, Invalid, ReconcileError, ...)."""
     message: str = Field(default="", max_length=1024)
+    """Why, in a sentence for a person."""
     last_transition_time: str | None = None
+    """When status last changed (RFC 3339)."""
     observed_generation: int | None = None
+    """The metadata.generation of the spec the condition was observed on."""
 
 
 # Conditions as Kubernetes lists them: one per type, merged by type on apply.
@@ -499,38 +694,75 @@ Conditions = Annotated[
 
 
 class GroupStatus(_Spec):
+    """One group of a pool, as its RolloutGroup's status says."""
+
     name: str
+    """The group's name in the pool."""
     ready: int = 0
+    """Its ready workers."""
     desired: int = 0
+    """Its RolloutGroup's replicas."""
     versions: list[int] = []
+    """Policy versions its workers are on."""
     mean_context: float = 0.0
+    """Mean context of its workers' residents, in tokens."""
     headroom_tokens: int = 0
+    """Free KV per worker, on average, in tokens."""
     pending_trajectories: int = 0
+    """Trajectories waiting for a worker of this group."""
     pending_tokens: int = 0
+    """Those trajectories' context, in tokens."""
 
 
 class RolloutPoolStatus(_Spec):
-    ready: str = "0/0"  # ready workers / desired, as `kubectl get` shows it
+    """The pool's workers and what they serve, written by the operator."""
+
+    ready: str = "0/0"
+    """Ready workers / desired workers, as `kubectl get` shows it."""
     workers: int = 0
-    run: str | None = None  # the TrainingRun it serves
-    versions: str = ""  # policy versions served, e.g. "3,4"
+    """Worker pods that exist, in every group."""
+    run: str | None = None
+    """The TrainingRun the pool serves; unset: none."""
+    versions: str = ""
+    """Policy versions its workers are on, such as "3,4"."""
     tokens_per_second: float = 0.0
+    """The throughput of the run it serves, in tokens per second."""
     groups: list[GroupStatus] = []
+    """Each group's workers, versions and waiting work."""
     conditions: Conditions = []
+    """Ready, Progressing and Degraded, one of each type."""
 
 
 class TrainingRunStatus(_Spec):
-    phase: Literal["Pending", "Waiting", "Running", "Succeeded", "Failed", "Degraded"] = "Pending"
+    """The run's progress, written by the operator and the run's control loop."""
+
+    phase: Literal[
+        "Pending", "Waiting", "Starting", "Running", "Succeeded", "Failed", "Degraded"
+    ] = "Pending"
+    """Pending until the operator sees the run, Waiting for its pool (missing, or serving
+    another run), Starting once bound, Running once its control loop runs, Succeeded
+    after the last batch, Degraded while its spec is refused or its reconcile fails."""
     policy_version: int = 0
+    """The newest policy version the trainer has published."""
     step: int = 0
+    """Batches trained so far."""
     tokens_per_second: float = 0.0
+    """Tokens delivered per second since the control loop started."""
     latency_p50_s: float = 0.0
+    """Median trajectory latency (first decoding step to finish), in seconds."""
     latency_p95_s: float = 0.0
+    """95th percentile trajectory latency, in seconds."""
     tokens_per_dollar: float = 0.0
-    # Knobs that hold but hurt, one sentence each (a pinned hMin below one control
-    # period's growth on some worker).
+    """Tokens delivered per dollar of the pool's pricePerHour so far; 0 without prices."""
     warnings: list[str] = []
+    """Knobs that hold but hurt, one sentence each (a pinned hMin below one control
+    period's growth on some worker)."""
     conditions: Conditions = []
+    """Ready, Progressing and Degraded, one of each type."""
+
+
+def _group_fixed(field: str) -> str:
+    return f"spec.{field} cannot change: the group's pods are named after it, and would be orphaned"
 
 
 class RolloutGroupSpec(GroupSettings):
@@ -538,21 +770,45 @@ class RolloutGroupSpec(GroupSettings):
     one owner of the group's size once created (the `/scale` subresource points here, so
     HPA or KEDA may drive it); the pool's `replicas` was only the initial value."""
 
-    pool: str = Field(pattern=DNS_LABEL, max_length=63)
-    group: str = Field(pattern=DNS_LABEL, max_length=63)
-    replicas: int = Field(ge=0)  # always present: /scale reads and writes it
+    pool: str = Field(
+        pattern=DNS_LABEL,
+        max_length=63,
+        json_schema_extra={"x-kubernetes-validations": [_same(_group_fixed("pool"))]},
+    )
+    """The RolloutPool that owns the group; fixed (its pods are named and labelled by
+    it)."""
+    group: str = Field(
+        pattern=DNS_LABEL,
+        max_length=63,
+        json_schema_extra={"x-kubernetes-validations": [_same(_group_fixed("group"))]},
+    )
+    """The group's name in its pool; fixed (its pods are named and labelled by it)."""
+    replicas: int = Field(ge=0)
+    """Worker pods the group runs: the one owner of its size, always present, which
+    /scale reads and writes (kubectl scale, an HPA, KEDA)."""
 
 
 class RolloutGroupStatus(_Spec):
+    """The group's workers and the work waiting for them, written by the operator."""
+
     replicas: int = 0
+    """Worker pods that exist."""
     ready_replicas: int = 0
-    selector: str = ""  # the label selector of its pods, for /scale
+    """Worker pods that are Ready."""
+    selector: str = ""
+    """The label selector of its pods, for /scale."""
     versions: list[int] = []
+    """Policy versions its workers are on."""
     mean_context: float = 0.0
+    """Mean context of its workers' residents, in tokens."""
     headroom_tokens: int = 0
-    pending_tokens: int = 0  # work waiting for a worker of this type
+    """Free KV per worker, on average, in tokens."""
+    pending_tokens: int = 0
+    """Context of the trajectories waiting for a worker of this group, in tokens."""
     pending_trajectories: int = 0
+    """Trajectories waiting for a worker of this group (what an autoscaler scales on)."""
     conditions: Conditions = []
+    """Ready and Degraded, one of each type."""
 
 
 class RolloutGroup(_Spec):

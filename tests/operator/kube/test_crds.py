@@ -1,7 +1,8 @@
 """The CRDs in `crds/` are what the resource models generate; their schemas are
-structural, pass `kubernetes-validate` for Kubernetes 1.30, accept the example resources
-and refuse what the models refuse, and every CEL rule compiles and decides as the
-pydantic validator beside it does."""
+structural, pass `kubernetes-validate` for Kubernetes 1.30, describe every field, accept
+the example resources and refuse what the models refuse, and every CEL rule compiles and
+decides as the pydantic validator beside it does; the transition rules (`oldSelf`) refuse
+changing what the operator cannot honour on a live object, and nothing else."""
 
 from __future__ import annotations
 
@@ -46,18 +47,56 @@ def _examples() -> dict[str, dict[str, Any]]:
     return docs
 
 
-def _cel_decides(kind: str, obj: dict[str, Any]) -> list[str]:
-    """The messages of the CEL rules `obj` (defaulted as the API server would) breaks."""
+def _transition(rule: dict[str, str]) -> bool:
+    """A transition rule: it reads the stored object (`oldSelf`)."""
+    return "oldSelf" in rule["rule"]
+
+
+def _cel_decides(kind: str, obj: dict[str, Any], old: dict[str, Any] | None = None) -> list[str]:
+    """The messages of the CEL rules `obj` (defaulted as the API server would) breaks:
+    created, or with `old` as an update of that stored object. As the API server does,
+    transition rules run on updates only, and only where the node they sit on is in both
+    objects; the others run on the new object either way."""
     schema = _schemas()[kind]
     obj = apply_defaults(schema, obj)
+    stored = None if old is None else apply_defaults(schema, old)
     env = celpy.Environment()
     broken = []
     for path, rule in rules(schema):
         program = env.program(env.compile(rule["rule"]))
-        for target in at(obj, path):
-            if not program.evaluate({"self": json_to_cel(target)}):
+        if _transition(rule):
+            # An item of a list has no old item to compare it with unless the list is
+            # x-kubernetes-list-type map (none with rules here): the API server refuses
+            # a transition rule there.
+            assert "[]" not in path, f"transition rule at {path} is inside a list"
+            pairs = [] if stored is None else zip(at(obj, path), at(stored, path), strict=False)
+            activations = [{"self": json_to_cel(n), "oldSelf": json_to_cel(o)} for n, o in pairs]
+        else:
+            activations = [{"self": json_to_cel(target)} for target in at(obj, path)]
+        for activation in activations:
+            verdict = program.evaluate(activation)
+            assert isinstance(verdict, celpy.celtypes.BoolType), (rule, verdict)
+            if not verdict:
                 broken.append(rule["message"])
     return broken
+
+
+DROP = object()  # a change that removes the field
+
+
+def _edited(obj: dict[str, Any], change: dict[str, Any]) -> dict[str, Any]:
+    """A copy of `obj` with each dotted path under `spec` set to its value (or removed)."""
+    obj = copy.deepcopy(obj)
+    for dotted, value in change.items():
+        node = obj["spec"]
+        *parents, leaf = dotted.split(".")
+        for part in parents:
+            node = node[int(part)] if part.isdigit() else node.setdefault(part, {})
+        if value is DROP:
+            del node[leaf]
+        else:
+            node[leaf] = value
+    return obj
 
 
 def test_the_files_in_crds_are_what_the_models_generate(tmp_path: Path) -> None:
@@ -86,6 +125,46 @@ def test_every_schema_is_structural_and_the_check_finds_what_is_not() -> None:
         ".b: properties and additionalProperties together",
         ".c: exclusiveMinimum must be a boolean in OpenAPI v3.0",
     ]
+
+
+def _undescribed(node: dict[str, Any], path: str) -> list[str]:
+    """Every property under `node` (in objects, list items and map values) that has no
+    description; a free-form object (x-kubernetes-preserve-unknown-fields) has no
+    properties of its own, so its description is the property's."""
+    missing = []
+    for name, sub in node.get("properties", {}).items():
+        where = f"{path}.{name}"
+        if not sub.get("description"):
+            missing.append(where)
+        missing += _undescribed(sub, where)
+    if isinstance(node.get("items"), dict):
+        missing += _undescribed(node["items"], f"{path}[]")
+    if isinstance(node.get("additionalProperties"), dict):
+        missing += _undescribed(node["additionalProperties"], f"{path}{{}}")
+    return missing
+
+
+def test_every_field_of_every_crd_has_a_description() -> None:
+    """What `kubectl explain` shows: each field's docstring in `resources.py`."""
+    missing = []
+    for kind, schema in _schemas().items():
+        for part in ("spec", "status"):
+            node = schema["properties"][part]
+            if not node.get("description"):
+                missing.append(f"{kind} .{part}")
+            missing += [f"{kind} {p}" for p in _undescribed(node, f".{part}")]
+    assert missing == [], "no description (a docstring under the field): " + ", ".join(missing)
+    free_form = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+    bad = {
+        "type": "object",
+        "properties": {
+            "a": {"type": "string"},
+            "b": {"type": "array", "items": {"type": "object", "properties": {"c": {}}}},
+            "d": {**free_form, "description": "described"},
+            "e": {"type": "object", "additionalProperties": {"properties": {"f": {}}}},
+        },
+    }
+    assert _undescribed(bad, "") == [".a", ".b", ".b[].c", ".e", ".e{}.f"]
 
 
 def test_every_crd_passes_kubernetes_validate_for_1_30() -> None:
@@ -218,13 +297,7 @@ RULE_CASES = [
 def test_each_cel_rule_decides_as_the_model_does(
     kind: str, change: dict[str, Any], broken: list[str]
 ) -> None:
-    obj = copy.deepcopy(_examples()[kind])
-    for dotted, value in change.items():
-        node = obj["spec"]
-        *parents, leaf = dotted.split(".")
-        for part in parents:
-            node = node[int(part)] if part.isdigit() else node[part]
-        node[leaf] = value
+    obj = _edited(_examples()[kind], change)
     assert _cel_decides(kind, obj) == broken
     if broken:
         with pytest.raises(ValidationError):
@@ -268,3 +341,94 @@ def test_names_every_derived_name_is_built_from_are_checked_by_both(
             MODELS[kind].model_validate(obj)
     else:
         MODELS[kind].model_validate(obj)
+
+
+def _fixed_run(field: str) -> str:
+    return f"spec.{field} cannot change once the run exists; make a new TrainingRun"
+
+
+def _fixed_group(field: str) -> str:
+    return f"spec.{field} cannot change: the group's pods are named after it, and would be orphaned"
+
+
+def test_the_transition_rules_are_where_a_change_cannot_be_honoured() -> None:
+    """A RolloutGroup's pool and group name its pods; a run's pool is bound, and its
+    trainer reads model, dataset, batch and trainer once (a ConfigMap made at binding,
+    never updated), as its ledger records the model and the dataset's cursor. A required
+    field carries its own rule; an optional one, which the API server does not default,
+    is checked from its parent, so adding or removing it is refused too."""
+    found = {
+        kind: sorted(
+            (".".join(path), rule["message"]) for path, rule in rules(schema) if _transition(rule)
+        )
+        for kind, schema in _schemas().items()
+    }
+    assert found == {
+        "RolloutPool": [],
+        "RolloutGroup": [
+            ("spec.group", _fixed_group("group")),
+            ("spec.pool", _fixed_group("pool")),
+        ],
+        "TrainingRun": sorted(
+            [
+                *[("spec", _fixed_run(f)) for f in ("model", "dataset", "trainer", "batch")],
+                ("spec.pool", _fixed_run("pool")),
+            ]
+        ),
+    }
+
+
+FIXED_CASES = [
+    # (kind, change to the stored example, change to the new object, broken messages)
+    ("TrainingRun", {}, {"pool": "other"}, [_fixed_run("pool")]),
+    ("TrainingRun", {}, {"model.catalog": "Qwen3-14B"}, [_fixed_run("model")]),
+    ("TrainingRun", {}, {"model.uri": "pvc://weights/q"}, [_fixed_run("model")]),
+    ("TrainingRun", {}, {"model": DROP}, [_fixed_run("model")]),
+    ("TrainingRun", {}, {"dataset.task": "arithmetic"}, [_fixed_run("dataset")]),
+    ("TrainingRun", {"dataset": DROP}, {}, [_fixed_run("dataset")]),
+    # Absent and spelled out at its defaults differ: the rule sees only what is stored.
+    ("TrainingRun", {"dataset": DROP}, {"dataset": {"task": "digits"}}, [_fixed_run("dataset")]),
+    ("TrainingRun", {}, {"trainer.learningRate": 0.02}, [_fixed_run("trainer")]),
+    ("TrainingRun", {}, {"trainer.storage": "40Gi"}, [_fixed_run("trainer")]),
+    ("TrainingRun", {}, {"trainer": DROP}, [_fixed_run("trainer")]),
+    ("TrainingRun", {}, {"batch.iterations": 31}, [_fixed_run("batch")]),
+    (
+        "TrainingRun",
+        {},
+        {"pool": "other", "batch.maxTokens": 64},
+        [_fixed_run("batch"), _fixed_run("pool")],
+    ),
+    ("RolloutGroup", {}, {"pool": "other"}, [_fixed_group("pool")]),
+    ("RolloutGroup", {}, {"group": "h900"}, [_fixed_group("group")]),
+    # What the operator follows on a live object: the loop's knobs, the worker pods.
+    ("TrainingRun", {}, {"scheduler.eta": 2}, []),
+    ("TrainingRun", {}, {"scheduler.policy": "sync", "scheduler.hMin": 512}, []),
+    ("TrainingRun", {}, {"scheduler": DROP}, []),
+    ("TrainingRun", {}, {"multiTurn": {"environment": "calculator", "maxToolCalls": 2}}, []),
+    ("TrainingRun", {}, {}, []),
+    ("RolloutGroup", {}, {"replicas": 3, "accelerator": "H100"}, []),
+    ("RolloutPool", {}, {"groups.0.name": "h100", "image": "cadence:v2"}, []),
+]
+
+
+@pytest.mark.parametrize(("kind", "before", "after", "broken"), FIXED_CASES)
+def test_an_update_is_refused_only_where_it_cannot_be_honoured(
+    kind: str, before: dict[str, Any], after: dict[str, Any], broken: list[str]
+) -> None:
+    old = _edited(_examples()[kind], before)
+    new = _edited(_examples()[kind], after)
+    assert sorted(_cel_decides(kind, new, old)) == sorted(broken)
+    # Created as it is (no stored object), each is a valid object: the API server runs
+    # no transition rule on create, and the model, which never sees an old object, agrees.
+    assert _cel_decides(kind, new) == []
+    MODELS[kind].model_validate(new)
+
+
+@pytest.mark.parametrize("kind", ["TrainingRun", "RolloutGroup"])
+def test_a_create_runs_no_transition_rule(kind: str) -> None:
+    """The API server skips transition rules when an object is made (there is no
+    `oldSelf`): any pool, model or group name is taken then, and fixed after."""
+    new = _edited(_examples()[kind], {"pool": "elsewhere"})
+    assert any(_transition(rule) for _, rule in rules(_schemas()[kind]))
+    assert _cel_decides(kind, new) == []
+    assert _cel_decides(kind, new, old=_examples()[kind]) != []
