@@ -44,10 +44,11 @@ def longest_trajectory(pool: RolloutPool) -> int:
     return max(g.engine.max_model_len for g in pool.spec.groups)
 
 
-def group_capacities(pool: RolloutPool, run: TrainingRun) -> dict[str, int]:
-    """KV tokens one worker of each group holds: at the group's tensor-parallel degree,
-    or (unset) at the smallest degree that holds the longest trajectory with the floor
-    and reserve to spare, as a worker sizes itself; the largest degree if none does."""
+def group_plans(pool: RolloutPool, run: TrainingRun) -> dict[str, tuple[int, int]]:
+    """(tensor-parallel degree, KV tokens) of one worker of each group: at the group's
+    degree, or (unset) at the smallest degree that holds the longest trajectory with the
+    floor and reserve to spare; the largest degree if none does. The operator starts
+    each worker at this degree, so what it plans with is what runs."""
     model = MODELS[run.spec.model.catalog]
     need = required_capacity(longest_trajectory(pool), knobs_of(run))
     out = {}
@@ -55,10 +56,24 @@ def group_capacities(pool: RolloutPool, run: TrainingRun) -> dict[str, int]:
         acc, util = sim_group(g).resolve(), g.engine.memory_utilization
         degrees = (g.engine.tensor_parallel,) if g.engine.tensor_parallel else TP_DEGREES
         for tp in degrees:
-            out[g.name] = kv_capacity_tokens(model, acc, tp, util)
-            if out[g.name] >= need:
+            out[g.name] = (tp, kv_capacity_tokens(model, acc, tp, util))
+            if out[g.name][1] >= need:
                 break
     return out
+
+
+def group_capacities(pool: RolloutPool, run: TrainingRun) -> dict[str, int]:
+    """KV tokens one worker of each group holds (`group_plans`)."""
+    return {name: tokens for name, (_, tokens) in group_plans(pool, run).items()}
+
+
+def hourly_price(group: PoolGroup) -> float:
+    """What one worker of `group` costs an hour: its own price, else the catalog's list
+    price for its accelerator, else 0 (unknown)."""
+    if group.price_per_hour is not None:
+        return group.price_per_hour
+    known = sim_group(group).resolve().price_per_hour
+    return known.value if known is not None else 0.0
 
 
 def check_capacity(pool: RolloutPool, run: TrainingRun) -> None:

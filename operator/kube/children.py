@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cadence.operator.api.capacity import group_plans
 from cadence.operator.api.resources import (
     PodOverlay,
     RolloutGroup,
@@ -214,8 +215,10 @@ def worker_pod(
         *("--trainer-url", trainer_url(run)),
         *("--memory-utilization", str(g.engine.memory_utilization)),
     ]
-    if g.engine.tensor_parallel is not None:
-        args += ["--tensor-parallel", str(g.engine.tensor_parallel)]
+    # The degree capacity planning chose (the group's own, else the smallest that holds
+    # the longest trajectory), so the worker holds the KV the operator planned with.
+    tp, _ = group_plans(pool, run).get(g.group, (g.engine.tensor_parallel or 1, 0))
+    args += ["--tensor-parallel", str(tp)]
     turns = run.spec.multi_turn
     if turns.environment is not None and turns.environment != "calculator":
         args += ["--env-url", turns.environment, "--env-timeout-s", str(turns.timeout_s)]

@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 
-from cadence.operator.api.capacity import group_capacities
+from cadence.operator.api.capacity import group_capacities, hourly_price
 from cadence.operator.api.resources import API_VERSION, RolloutPool, TrainingRun
 from cadence.operator.control.group_stats import GroupShape, group_stats
 from cadence.operator.control.loop import ControlLoop
@@ -62,7 +62,7 @@ class RunReporter:
             f"{self.pool.metadata.name}-{g.name}": (g.affinity, capacities[g.name])
             for g in self.pool.spec.groups
         }
-        self.prices = {g.name: g.price_per_hour or 0.0 for g in self.pool.spec.groups}
+        self.prices = {g.name: hourly_price(g) for g in self.pool.spec.groups}
 
     async def done(self) -> bool:
         if time.monotonic() - self.patched < self.status_every_s:

@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from cadence.common.catalog import ACCELERATORS
 from cadence.common.stats import percentile
+from cadence.operator.api.capacity import hourly_price
 from cadence.operator.api.resources import MultiTurnSpec, RolloutPool, TrainingRun
 from cadence.operator.api.settings import knobs_of, trainer_config
 from cadence.operator.control.loop import ControlLoop, LoopConfig
@@ -55,12 +55,9 @@ class PoolWorker:
 def pool_workers(pool: RolloutPool) -> list[PoolWorker]:
     out = []
     for g in pool.spec.groups:
-        catalog = ACCELERATORS.get(g.accelerator)
-        price = g.price_per_hour
-        if price is None and catalog is not None and catalog.price_per_hour is not None:
-            price = catalog.price_per_hour.value
+        price = hourly_price(g)
         for i in range(g.replicas):
-            out.append(PoolWorker(f"{g.name}-{i}", g.accelerator, g.affinity, price or 0.0))
+            out.append(PoolWorker(f"{g.name}-{i}", g.accelerator, g.affinity, price))
     return out
 
 

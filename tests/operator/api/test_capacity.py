@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from cadence.operator.api.capacity import check_capacity, group_capacities
+from cadence.common.catalog import ACCELERATORS
+from cadence.operator.api.capacity import check_capacity, group_capacities, hourly_price
 from cadence.operator.api.resources import ResourceError, load
 from cadence.operator.api.settings import knobs_of
 from tests.helpers import TRAINING_RUN
@@ -88,3 +89,15 @@ def test_a_pinned_floor_that_does_not_fit_is_blamed_not_the_model(tmp_path: Path
     with pytest.raises(ResourceError) as e:
         load(bad)
     assert str(e.value).startswith("TrainingRun spec.scheduler.hMin: ")
+
+
+def test_a_worker_costs_its_groups_price_else_the_catalogs() -> None:
+    """The operator's tok/$ and `cadence run`'s price a worker alike: its group's
+    `pricePerHour`, else the catalog's list price for the accelerator."""
+    pool, _ = load(EXAMPLE)
+    group = pool.spec.groups[0]
+    listed = ACCELERATORS[group.accelerator].price_per_hour
+    assert listed is not None
+    unset = group.model_copy(update={"price_per_hour": None})
+    assert hourly_price(unset) == listed.value > 0
+    assert hourly_price(group.model_copy(update={"price_per_hour": 3.5})) == 3.5

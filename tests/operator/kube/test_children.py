@@ -13,7 +13,7 @@ import kubernetes_validate
 import pytest
 
 from cadence.cli import build_parser
-from cadence.operator.api.capacity import group_capacities
+from cadence.operator.api.capacity import group_capacities, group_plans
 from cadence.operator.api.resources import RolloutGroup, load
 from cadence.operator.kube import children
 from cadence.operator.kube.children import WorkerView, choose_for_scale_in
@@ -331,3 +331,18 @@ def test_an_overlay_that_would_take_the_operators_names_is_refused(
     obj["spec"]["template"] = overlay
     with pytest.raises(ValueError, match=said):
         RolloutGroup.model_validate(obj)
+
+
+def test_a_worker_starts_at_the_degree_capacity_planning_chose(tmp_path: Path) -> None:
+    """`tensorParallel` unset: the operator plans each group at the smallest degree that
+    holds the longest trajectory, and starts its workers at that degree, not at 1."""
+    text = HETEROGENEOUS.read_text().replace("catalog: Qwen3-8B", "catalog: Qwen3-32B")
+    (tmp_path / "pool.yaml").write_text(text)
+    pool, run = load(tmp_path / "pool.yaml")
+    plans = group_plans(pool, run)
+    assert any(tp > 1 for tp, _ in plans.values())  # the 32B model needs more than 1 here
+    for obj in children.rollout_groups(pool, _with_uid(pool, "p")):
+        group = RolloutGroup.model_validate(obj)
+        pod = children.worker_pod(pool, group, _with_uid(group, "g"), run, 0)
+        args = build_parser().parse_args(pod["spec"]["containers"][0]["args"])
+        assert args.tensor_parallel == plans[group.spec.group][0]
