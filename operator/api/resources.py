@@ -622,7 +622,16 @@ class TrainingRunSpec(_Spec):
 
     model_config = ConfigDict(
         json_schema_extra={
-            "x-kubernetes-validations": [_kept(f, _run_fixed(f)) for f in RUN_FIXED if f != "pool"]
+            "x-kubernetes-validations": [
+                *(_kept(f, _run_fixed(f)) for f in RUN_FIXED if f != "pool"),
+                # The trainer admits by eta too (its ConfigMap, made once): the loop and
+                # the trainer must not hold two bounds. 1 is the default when absent.
+                _rule(
+                    "(has(self.scheduler) ? self.scheduler.eta : 1)"
+                    " == (has(oldSelf.scheduler) ? oldSelf.scheduler.eta : 1)",
+                    _run_fixed("scheduler.eta"),
+                ),
+            ]
         }
     )
 
@@ -642,7 +651,9 @@ class TrainingRunSpec(_Spec):
     """The trainer's pod and update rule, read once when the run binds its pool; fixed
     once the run exists."""
     scheduler: SchedulerSpec = SchedulerSpec()
-    """The control loop's policy and knobs (staleness bound, floor, reserve, period)."""
+    """The control loop's policy and knobs (staleness bound, floor, reserve, period);
+    a change restarts the run's control loop with them, but for eta, which the trainer
+    admits by too and is fixed once the run exists."""
     batch: BatchSpec = BatchSpec()
     """Batch shape, length and sampling, read by the trainer once when the run binds its
     pool; fixed once the run exists."""

@@ -372,6 +372,7 @@ def test_the_transition_rules_are_where_a_change_cannot_be_honoured() -> None:
         "TrainingRun": sorted(
             [
                 *[("spec", _fixed_run(f)) for f in ("model", "dataset", "trainer", "batch")],
+                ("spec", _fixed_run("scheduler.eta")),
                 ("spec.pool", _fixed_run("pool")),
             ]
         ),
@@ -401,9 +402,10 @@ FIXED_CASES = [
     ("RolloutGroup", {}, {"pool": "other"}, [_fixed_group("pool")]),
     ("RolloutGroup", {}, {"group": "h900"}, [_fixed_group("group")]),
     # What the operator follows on a live object: the loop's knobs, the worker pods.
-    ("TrainingRun", {}, {"scheduler.eta": 2}, []),
+    ("TrainingRun", {}, {"scheduler.eta": 2}, [_fixed_run("scheduler.eta")]),
     ("TrainingRun", {}, {"scheduler.policy": "sync", "scheduler.hMin": 512}, []),
-    ("TrainingRun", {}, {"scheduler": DROP}, []),
+    ("TrainingRun", {}, {"scheduler": DROP}, []),  # eta 1, as the example's
+    ("TrainingRun", {"scheduler.eta": 2}, {"scheduler": DROP}, [_fixed_run("scheduler.eta")]),
     ("TrainingRun", {}, {"multiTurn": {"environment": "calculator", "maxToolCalls": 2}}, []),
     ("TrainingRun", {}, {}, []),
     ("RolloutGroup", {}, {"replicas": 3, "accelerator": "H100"}, []),

@@ -135,10 +135,10 @@ def test_a_changed_run_gets_a_new_loop_after_the_old_one_ends() -> None:
     and only once it has ended does the next turn start one with the new spec."""
     supervisor, calls, kube = _supervisor()
     run = kube.put(example("TrainingRun"))
-    seen: list[float] = []
+    seen: list[object] = []
 
     async def control(body: dict[str, Any], stopped: Stopped) -> None:
-        seen.append(body["spec"]["scheduler"]["eta"])
+        seen.append(body["spec"]["scheduler"]["hMin"])
         await calls.control(body, stopped)
 
     supervisor.control = control
@@ -148,7 +148,7 @@ def test_a_changed_run_gets_a_new_loop_after_the_old_one_ends() -> None:
         await supervisor.turn()
         await _until(lambda: calls.started)
         changed = {**run, "metadata": {**run["metadata"], "generation": 2}}
-        changed["spec"] = {**run["spec"], "scheduler": {**run["spec"]["scheduler"], "eta": 3}}
+        changed["spec"] = {**run["spec"], "scheduler": {**run["spec"]["scheduler"], "hMin": 512}}
         supervisor.saw("trainingruns", "MODIFIED", changed)
         await supervisor.turn()  # asks the old loop to stop
         await _until(lambda: calls.ended)
@@ -158,4 +158,4 @@ def test_a_changed_run_gets_a_new_loop_after_the_old_one_ends() -> None:
         await supervisor.aclose()
 
     asyncio.run(go())
-    assert seen[1] == 3 and len(calls.started) == 2
+    assert seen == ["auto", 512] and len(calls.started) == 2
