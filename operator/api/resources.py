@@ -596,8 +596,8 @@ class MultiTurnSpec(_Spec):
 
     environment: str | None = None
     """What answers tool calls: a URL the workers call, or calculator for the reference
-    environment, which `cadence run` starts and the operator does not; unset:
-    single-turn."""
+    environment (`cadence run` starts it as a process; the operator runs it beside the
+    trainer, in the trainer's pod and Service); unset: single-turn."""
     max_tool_calls: int = Field(default=0, ge=0)
     """The most tool calls one sample makes (later ones stay text); 0: none."""
     timeout_s: float = Field(default=30.0, gt=0)

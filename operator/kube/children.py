@@ -33,6 +33,7 @@ from cadence.operator.api.settings import trainer_config
 
 CONTROL_PORT = 8000
 TRAINER_PORT = 8100
+ENVIRONMENT_PORT = 8200  # the reference calculator, beside the trainer
 TOKEN_KEY = "token"
 DRAIN_GRACE_S = 60  # a worker drains (hands its parked work back) within this
 TRAINER_STATE = "/var/lib/cadence"
@@ -220,8 +221,9 @@ def worker_pod(
     tp, _ = group_plans(pool, run).get(g.group, (g.engine.tensor_parallel or 1, 0))
     args += ["--tensor-parallel", str(tp)]
     turns = run.spec.multi_turn
-    if turns.environment is not None and turns.environment != "calculator":
-        args += ["--env-url", turns.environment, "--env-timeout-s", str(turns.timeout_s)]
+    url = environment_url(run)
+    if url is not None:
+        args += ["--env-url", url, "--env-timeout-s", str(turns.timeout_s)]
         args += ["--env-tries", str(turns.tries)]
     spec: dict[str, Any] = {
         "hostname": pod,
@@ -341,6 +343,33 @@ def trainer_url(run: TrainingRun) -> str:
     return f"http://{trainer_name(run)}.{run.metadata.namespace}.svc:{TRAINER_PORT}"
 
 
+def environment_url(run: TrainingRun) -> str | None:
+    """Where workers call tools: the run's own URL, or for `calculator` the reference
+    environment the trainer's pod runs beside the trainer; None: single-turn."""
+    env = run.spec.multi_turn.environment
+    if env == "calculator":
+        return f"http://{trainer_name(run)}.{run.metadata.namespace}.svc:{ENVIRONMENT_PORT}"
+    return env
+
+
+def _calculator(run: TrainingRun, image: str) -> list[dict[str, Any]]:
+    """The reference calculator, a second container in the trainer's pod, when the run
+    names it (`cadence run` starts it as a process)."""
+    if run.spec.multi_turn.environment != "calculator":
+        return []
+    return [
+        {
+            "name": "environment",
+            "image": image,
+            "args": ["environment", "--host", "0.0.0.0", "--port", str(ENVIRONMENT_PORT)],
+            "ports": [{"name": "environment", "containerPort": ENVIRONMENT_PORT}],
+            "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}},
+            "securityContext": CONTAINER_SECURITY,
+            "readinessProbe": {"tcpSocket": {"port": "environment"}},
+        }
+    ]
+
+
 def trainer_objects(
     run: TrainingRun, run_obj: Mapping[str, Any], pool: RolloutPool
 ) -> list[dict[str, Any]]:
@@ -409,7 +438,8 @@ def trainer_objects(
                                     {"name": "config", "mountPath": "/etc/cadence"},
                                     *model_mounts(run),
                                 ],
-                            }
+                            },
+                            *_calculator(run, run.spec.trainer.image or pool.spec.image),
                         ],
                         "volumes": [
                             {"name": "config", "configMap": {"name": name}},
@@ -439,7 +469,14 @@ def trainer_objects(
             "metadata": {"name": name, **meta, "ownerReferences": refs},
             "spec": {
                 "selector": selector,
-                "ports": [{"name": "http", "port": TRAINER_PORT, "targetPort": "http"}],
+                "ports": [
+                    {"name": "http", "port": TRAINER_PORT, "targetPort": "http"},
+                    *(
+                        [{"name": "environment", "port": ENVIRONMENT_PORT}]
+                        if run.spec.multi_turn.environment == "calculator"
+                        else []
+                    ),
+                ],
             },
         },
     ]

@@ -210,9 +210,15 @@ def schema(kind: Kind) -> dict[str, Any]:
         "description": kind.description,
         "required": ["spec"],
         "properties": {
-            "apiVersion": {"type": "string"},
-            "kind": {"type": "string"},
-            "metadata": {"type": "object"},
+            "apiVersion": {
+                "type": "string",
+                "description": "The versioned schema of this representation of an object.",
+            },
+            "kind": {"type": "string", "description": "The REST resource this object is."},
+            "metadata": {
+                "type": "object",
+                "description": "Standard object metadata: name, namespace, labels.",
+            },
             "spec": openapi(kind.spec),
             "status": openapi(kind.status),
         },

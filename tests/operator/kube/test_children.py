@@ -346,3 +346,25 @@ def test_a_worker_starts_at_the_degree_capacity_planning_chose(tmp_path: Path) -
         pod = children.worker_pod(pool, group, _with_uid(group, "g"), run, 0)
         args = build_parser().parse_args(pod["spec"]["containers"][0]["args"])
         assert args.tensor_parallel == plans[group.spec.group][0]
+
+
+def test_a_calculator_run_gets_the_reference_environment_beside_its_trainer() -> None:
+    """`multiTurn.environment: calculator` on a cluster: the trainer's pod runs `cadence
+    environment` too, its Service exposes it, and every worker calls it there."""
+    pool, run = load(EXAMPLE)
+    body = _with_uid(run, "r")
+    body["spec"]["multiTurn"] = {"environment": "calculator", "maxToolCalls": 2, "tries": 2}
+    run = type(run).model_validate(body)
+    _, trainer, service = children.trainer_objects(run, body, pool)
+    _valid(trainer)
+    (env,) = [
+        c for c in trainer["spec"]["template"]["spec"]["containers"] if c["name"] == "environment"
+    ]
+    served = build_parser().parse_args(env["args"])
+    port = {p["name"]: p["port"] for p in service["spec"]["ports"]}["environment"]
+    assert served.port == port and served.host == "0.0.0.0"
+    group = RolloutGroup.model_validate(children.rollout_groups(pool, _with_uid(pool, "p"))[0])
+    pod = children.worker_pod(pool, group, _with_uid(group, "g"), run, 0)
+    args = build_parser().parse_args(pod["spec"]["containers"][0]["args"])
+    assert args.env_url == f"http://math-grpo-trainer.default.svc:{port}"
+    assert args.env_tries == 2
