@@ -13,6 +13,7 @@ sentence naming the field path (`ResourceError`).
 
 from __future__ import annotations
 
+import importlib.metadata
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal, Self
@@ -35,6 +36,15 @@ from cadence.common.catalog import ACCELERATORS, MODELS
 from cadence.operator.scheduler.registry import POLICIES
 from cadence.sim.scenario import AutoOrTokens
 
+def _version() -> str:
+    try:
+        return importlib.metadata.version("cadence")
+    except importlib.metadata.PackageNotFoundError:  # a source tree never installed
+        return "0.0.0"
+
+
+# The image built from this version (Containerfile); its tag follows the package's.
+IMAGE = f"cadence:{_version()}"
 GROUP = "cadence.dev"
 VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
@@ -344,7 +354,7 @@ class RolloutPoolSpec(_Spec):
     groups: list[PoolGroup] = Field(min_length=1, max_length=32)
     """The pool's groups of workers, one accelerator type each (1 to 32, unique names);
     each becomes a RolloutGroup the pool owns."""
-    image: str = "cadence:latest"
+    image: str = IMAGE
     """The worker pods' container image (with vLLM for the cluster's accelerators), and
     the trainer's unless its run names another."""
     token_secret: str = Field(default="cadence-token", pattern=DNS_LABEL)

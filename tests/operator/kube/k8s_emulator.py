@@ -67,6 +67,8 @@ import jsonpatch
 import kmock
 from kmock._internal.dicts import patch_dict
 
+from .openapi import apply_defaults, prune, refusals
+
 CRDS = kmock.resource("apiextensions.k8s.io", "v1", "customresourcedefinitions")
 NAMESPACES = kmock.resource("", "v1", "namespaces")
 VERBS = {"create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"}
@@ -126,6 +128,9 @@ class KubernetesEmulator(kmock.KubernetesEmulator):
         self._record(request)
         if request.subresource == "scale" and request.method in _SCALE_WRITES:
             _amend(request, action=kmock.action.UPDATE, data=self._scale_to_object_patch(request))
+        refused = self._admit(request)
+        if refused is not None:
+            return refused
         if request.action == kmock.action.CREATE and isinstance(request.data, dict):
             self._stamp(request.data, namespace=request.namespace)
             if request.resource == CRDS:
@@ -139,6 +144,73 @@ class KubernetesEmulator(kmock.KubernetesEmulator):
         if request.action in {kmock.action.DELETE, kmock.action.UPDATE}:
             await self._collect_garbage()
         return response
+
+    def _admit(self, request: kmock.Request) -> aiohttp.web.Response | None:
+        """What kube-apiserver does to a custom resource before storing it: a write to
+        `/status` changes only status, any other write leaves status as it was (the
+        status subresource); schema defaults are applied and unknown fields pruned; the
+        result is checked against the CRD's schema and CEL rules (transition rules with
+        the stored object), and refused with 422 naming each field. The request is
+        rewritten so kmock stores exactly that result."""
+        creating = request.action == kmock.action.CREATE
+        if request.resource is None or not (creating or request.action == kmock.action.UPDATE):
+            return None
+        version = self._crd_version(request.resource)
+        if version is None or request.subresource not in (None, "status", "scale"):
+            return None
+        schema = version["schema"]["openAPIV3Schema"]
+        has_status = "status" in (version.get("subresources") or {})
+        old: dict[str, Any] | None = None
+        if creating:
+            if not isinstance(request.data, dict):
+                return None
+            new = copy.deepcopy(request.data)
+            if has_status:
+                new.pop("status", None)
+        else:
+            try:
+                old = self.objects[request.resource, request.namespace, request.name].raw
+            except (KeyError, ValueError):
+                return None  # kmock answers 404
+            try:
+                new = dict(patch_dict(copy.deepcopy(old), request.data))
+            except jsonpatch.JsonPatchTestFailed as e:
+                return _failure(422, "Invalid", f"the patch's test failed: {e}")
+            if has_status and request.subresource == "status":
+                new = {**copy.deepcopy(old), "status": new.get("status")}
+                if new["status"] is None:
+                    del new["status"]
+            elif has_status:
+                new.pop("status", None)
+                if "status" in old:
+                    new["status"] = copy.deepcopy(old["status"])
+        meta = new.get("metadata", {})
+        new = prune(schema, apply_defaults(schema, new))
+        new["metadata"] = meta
+        found = refusals(schema, new, old)
+        if found:
+            kind = self.resources[request.resource].kind
+            name = meta.get("name") or meta.get("generateName", "")
+            causes = [{"field": field, "message": message} for field, message in found]
+            said = ", ".join(f"{field}: {message}" for field, message in found)
+            response = _failure(
+                422, "Invalid", f'{kind}.{request.resource.group} "{name}" is invalid: {said}'
+            )
+            details = {
+                "name": name,
+                "group": request.resource.group,
+                "kind": request.resource.plural,
+                "causes": causes,
+            }
+            response.text = json.dumps({**json.loads(response.text), "details": details})
+            return response
+        if creating:
+            request.data.clear()
+            request.data.update(new)
+        else:
+            assert old is not None
+            _amend(request, data=_merge_diff(old, new))
+        return None
 
     async def _collect_garbage(self) -> None:
         """kube-controller-manager's garbage collector, background propagation: an object
@@ -418,6 +490,19 @@ def _amend(request: kmock.Request, **fields: Any) -> None:
 
 def _now() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _merge_diff(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """The JSON merge patch (RFC 7386) that turns `old` into `new`."""
+    out: dict[str, Any] = {key: None for key in old.keys() - new.keys()}
+    for key, value in new.items():
+        if isinstance(value, dict) and isinstance(old.get(key), dict):
+            inner = _merge_diff(old[key], value)
+            if inner:
+                out[key] = inner
+        elif key not in old or old[key] != value:
+            out[key] = copy.deepcopy(value)
+    return out
 
 
 def _desired(obj: dict[str, Any]) -> dict[str, Any]:

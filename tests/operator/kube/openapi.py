@@ -1,14 +1,20 @@
 """Test support, not product code: what the API server does with a CRD's schema that the
 tests need without one. `apply_defaults` fills in schema defaults as the API server does
-before validation; `to_json_schema` turns a structural OpenAPI v3.0 schema into JSON
-Schema so `jsonschema` can validate objects against it; `rules` lists every CEL rule
-with the path of the object it applies to."""
+before validation; `prune` drops fields the schema does not know; `to_json_schema` turns
+a structural OpenAPI v3.0 schema into JSON Schema so `jsonschema` can validate objects
+against it; `rules` lists every CEL rule with the path of the object it applies to, and
+`cel_broken` runs them (cel-python) as the API server does on a create or an update;
+`refusals` is all of it, what the emulator answers 422 with."""
 
 from __future__ import annotations
 
 import copy
 from collections.abc import Iterator
 from typing import Any
+
+import celpy
+import jsonschema
+from celpy.adapter import json_to_cel
 
 
 def apply_defaults(schema: dict[str, Any], obj: Any) -> Any:
@@ -69,4 +75,70 @@ def at(obj: Any, path: tuple[str, ...]) -> list[Any]:
             found = [item for o in found for item in o]
         else:
             found = [o[part] for o in found if isinstance(o, dict) and part in o]
+    return found
+
+
+def prune(schema: dict[str, Any], obj: Any) -> Any:
+    """`obj` without the fields `schema` does not declare (structural pruning), but where
+    it preserves unknown fields."""
+    if isinstance(obj, dict):
+        if schema.get("x-kubernetes-preserve-unknown-fields"):
+            return copy.deepcopy(obj)
+        if "properties" in schema:
+            props = schema["properties"]
+            return {k: prune(props[k], v) for k, v in obj.items() if k in props}
+        if isinstance(schema.get("additionalProperties"), dict):
+            return {k: prune(schema["additionalProperties"], v) for k, v in obj.items()}
+        return copy.deepcopy(obj)
+    if isinstance(obj, list) and isinstance(schema.get("items"), dict):
+        return [prune(schema["items"], item) for item in obj]
+    return copy.deepcopy(obj)
+
+
+def transition(rule: dict[str, str]) -> bool:
+    """A transition rule: it reads the stored object (`oldSelf`)."""
+    return "oldSelf" in rule["rule"]
+
+
+def cel_broken(
+    schema: dict[str, Any], obj: dict[str, Any], old: dict[str, Any] | None = None
+) -> list[tuple[str, str]]:
+    """(path, message) of each CEL rule `obj` (defaulted as the API server would) breaks:
+    created, or with `old` as an update of that stored object. As the API server does,
+    transition rules run on updates only, and only where the node they sit on is in both
+    objects; the others run on the new object either way."""
+    obj = apply_defaults(schema, obj)
+    stored = None if old is None else apply_defaults(schema, old)
+    env = celpy.Environment()
+    broken = []
+    for path, rule in rules(schema):
+        program = env.program(env.compile(rule["rule"]))
+        if transition(rule):
+            # An item of a list has no old item to compare it with unless the list is
+            # x-kubernetes-list-type map (none with rules here): the API server refuses
+            # a transition rule there.
+            assert "[]" not in path, f"transition rule at {path} is inside a list"
+            pairs = [] if stored is None else zip(at(obj, path), at(stored, path), strict=False)
+            activations = [{"self": json_to_cel(n), "oldSelf": json_to_cel(o)} for n, o in pairs]
+        else:
+            activations = [{"self": json_to_cel(target)} for target in at(obj, path)]
+        for activation in activations:
+            verdict = program.evaluate(activation)
+            assert isinstance(verdict, celpy.celtypes.BoolType), (rule, verdict)
+            if not verdict:
+                broken.append((".".join(path).replace(".[]", "[*]"), rule["message"]))
+    return broken
+
+
+def refusals(
+    schema: dict[str, Any], obj: dict[str, Any], old: dict[str, Any] | None = None
+) -> list[tuple[str, str]]:
+    """(field path, message) of everything the API server refuses `obj` for: its schema
+    (types, required fields, enums, bounds, patterns) and its CEL rules."""
+    found = []
+    for error in jsonschema.Draft7Validator(to_json_schema(schema)).iter_errors(obj):
+        where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error.absolute_path)
+        found.append((where.lstrip("."), error.message))
+    if not found:
+        found = cel_broken(schema, obj, old)
     return found

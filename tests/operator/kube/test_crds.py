@@ -11,12 +11,10 @@ import re
 from pathlib import Path
 from typing import Any
 
-import celpy
 import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
-from celpy.adapter import json_to_cel
 from pydantic import ValidationError
 
 from cadence.cli import main
@@ -24,7 +22,7 @@ from cadence.operator.api.resources import RolloutGroup, RolloutPool, TrainingRu
 from cadence.operator.kube import crds
 from tests.helpers import ROOT
 
-from .openapi import apply_defaults, at, rules, to_json_schema
+from .openapi import cel_broken, rules, to_json_schema, transition
 
 EXAMPLE = ROOT / "manifests" / "examples" / "trainingrun.yaml"
 MODELS: dict[str, type[Any]] = {
@@ -48,37 +46,12 @@ def _examples() -> dict[str, dict[str, Any]]:
 
 
 def _transition(rule: dict[str, str]) -> bool:
-    """A transition rule: it reads the stored object (`oldSelf`)."""
-    return "oldSelf" in rule["rule"]
+    return transition(rule)
 
 
 def _cel_decides(kind: str, obj: dict[str, Any], old: dict[str, Any] | None = None) -> list[str]:
-    """The messages of the CEL rules `obj` (defaulted as the API server would) breaks:
-    created, or with `old` as an update of that stored object. As the API server does,
-    transition rules run on updates only, and only where the node they sit on is in both
-    objects; the others run on the new object either way."""
-    schema = _schemas()[kind]
-    obj = apply_defaults(schema, obj)
-    stored = None if old is None else apply_defaults(schema, old)
-    env = celpy.Environment()
-    broken = []
-    for path, rule in rules(schema):
-        program = env.program(env.compile(rule["rule"]))
-        if _transition(rule):
-            # An item of a list has no old item to compare it with unless the list is
-            # x-kubernetes-list-type map (none with rules here): the API server refuses
-            # a transition rule there.
-            assert "[]" not in path, f"transition rule at {path} is inside a list"
-            pairs = [] if stored is None else zip(at(obj, path), at(stored, path), strict=False)
-            activations = [{"self": json_to_cel(n), "oldSelf": json_to_cel(o)} for n, o in pairs]
-        else:
-            activations = [{"self": json_to_cel(target)} for target in at(obj, path)]
-        for activation in activations:
-            verdict = program.evaluate(activation)
-            assert isinstance(verdict, celpy.celtypes.BoolType), (rule, verdict)
-            if not verdict:
-                broken.append(rule["message"])
-    return broken
+    """The messages of the CEL rules `obj` breaks (`openapi.cel_broken`)."""
+    return [message for _, message in cel_broken(_schemas()[kind], obj, old)]
 
 
 DROP = object()  # a change that removes the field

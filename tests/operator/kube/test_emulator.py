@@ -18,6 +18,7 @@ import kopf
 import pytest
 import yaml
 
+from cadence.operator.api.resources import IMAGE
 from tests.helpers import ROOT, TRAINING_RUN, eventually, example
 
 from .k8s_emulator import ApiError, KubernetesEmulator, call, serve, write_kubeconfig
@@ -95,7 +96,9 @@ def test_crds_register_their_kinds_and_a_pool_can_be_created(url: str) -> None:
     created = call(url, "POST", f"{DEFAULT}/rolloutpools", pool)
     assert created["metadata"]["namespace"] == "default"
     fetched = call(url, "GET", f"{DEFAULT}/rolloutpools/mixed")
-    assert fetched["spec"] == pool["spec"]
+    # Stored as written, with the schema's defaults filled in (as kube-apiserver does).
+    assert [g["name"] for g in fetched["spec"]["groups"]] == ["h800", "a910x"]
+    assert fetched["spec"]["image"] == IMAGE and fetched["spec"]["groups"][0]["minReplicas"] == 0
     listed = call(url, "GET", f"{DEFAULT}/rolloutpools")
     assert (listed["kind"], listed["apiVersion"]) == ("RolloutPoolList", "cadence.dev/v1alpha1")
     assert [item["metadata"]["name"] for item in listed["items"]] == ["mixed"]
@@ -138,8 +141,14 @@ def test_kubectl_applies_and_prints_the_printer_columns(kubectl: Callable[..., s
     assert runs[0] == "NAME POOL PHASE VERSION TOK/S P95 READY DEGRADED AGE"
     assert re.fullmatch(r"trainingrun.cadence.dev/digits mixed \d+s", runs[1])
 
+    before = json.loads(kubectl("get", "rolloutpool", "mixed", "-o", "json"))
     again = kubectl("apply", "--validate=false", "-f", str(EXAMPLE))
-    assert "rolloutpool.cadence.dev/mixed unchanged" in again
+    # The run is unchanged; the pool's groups are a list the API server fills defaults
+    # into, which a JSON merge patch replaces whole, so kubectl sends it again (as it does
+    # on a cluster), and the stored spec stays the same.
+    assert "trainingrun.cadence.dev/digits unchanged" in again
+    after = json.loads(kubectl("get", "rolloutpool", "mixed", "-o", "json"))
+    assert after["spec"] == before["spec"]
 
     # A watch: the listed pool once (not replayed by the watch), till the request times out.
     watched = kubectl("get", "rolloutpools", "--watch", "--request-timeout=1s").splitlines()
@@ -154,10 +163,10 @@ def test_watch_streams_json_events_after_the_listed_version(cluster: str) -> Non
     with urllib.request.urlopen(cluster + path, timeout=5) as stream:
         assert stream.headers["Content-Type"].startswith("application/json")
         call(cluster, "POST", f"{DEFAULT}/rolloutpools", {**pool, "metadata": {"name": "b"}})
-        call(cluster, "PATCH", f"{DEFAULT}/rolloutpools/b", {"spec": {"groups": []}})
+        call(cluster, "PATCH", f"{DEFAULT}/rolloutpools/b", {"spec": {"image": "cadence:v2"}})
         first, second = json.loads(stream.readline()), json.loads(stream.readline())
     assert (first["type"], first["object"]["metadata"]["name"]) == ("ADDED", "b")
-    assert (second["type"], second["object"]["spec"]) == ("MODIFIED", {"groups": []})
+    assert (second["type"], second["object"]["spec"]["image"]) == ("MODIFIED", "cadence:v2")
 
 
 @pytest.mark.kubectl
@@ -185,7 +194,9 @@ def test_objects_carry_server_set_metadata(cluster: str) -> None:
     assert status["generation"] == 1  # status is not the desired state
     assert (status["uid"], status["creationTimestamp"]) == (meta["uid"], meta["creationTimestamp"])
 
-    spec = call(cluster, "PATCH", f"{DEFAULT}/rolloutpools/mixed", {"spec": {"groups": []}})
+    spec = call(
+        cluster, "PATCH", f"{DEFAULT}/rolloutpools/mixed", {"spec": {"image": "cadence:v2"}}
+    )
     assert int(spec["metadata"]["resourceVersion"]) > int(status["resourceVersion"])
     assert spec["metadata"]["generation"] == 2
 
@@ -226,7 +237,13 @@ def test_scale_maps_to_the_groups_replicas(cluster: str) -> None:
         "apiVersion": "cadence.dev/v1alpha1",
         "kind": "RolloutGroup",
         "metadata": {"name": "mixed-h800"},
-        "spec": {"pool": "mixed", "accelerator": "H800", "affinity": 2, "replicas": 2},
+        "spec": {
+            "pool": "mixed",
+            "group": "h800",
+            "accelerator": "H800",
+            "affinity": 2,
+            "replicas": 2,
+        },
     }
     call(cluster, "POST", f"{DEFAULT}/rolloutgroups", group)
     selector = "cadence.dev/pool=mixed,cadence.dev/group=h800"
@@ -268,7 +285,7 @@ def test_kubectl_scale(cluster: str, kubectl: Callable[..., str]) -> None:
         "apiVersion": "cadence.dev/v1alpha1",
         "kind": "RolloutGroup",
         "metadata": {"name": "g"},
-        "spec": {"pool": "mixed", "accelerator": "H800", "replicas": 2},
+        "spec": {"pool": "mixed", "group": "h800", "accelerator": "H800", "replicas": 2},
     }
     call(cluster, "POST", f"{DEFAULT}/rolloutgroups", group)
     assert "scaled" in kubectl("scale", "rolloutgroup/g", "--replicas=4")
@@ -354,3 +371,69 @@ def test_generate_name_gives_each_object_its_own_name(url: str) -> None:
     body = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"generateName": "event-"}}
     names = {call(url, "POST", maps, body)["metadata"]["name"] for _ in range(3)}
     assert len(names) == 3 and all(n.startswith("event-") for n in names)
+
+
+BAD_POOLS = [
+    # (a change to the example pool, the field the API server names)
+    ({"groups.0.replicas": -1}, "spec.groups[0].replicas"),
+    ({"groups.0.accelerator": "TPU-v9"}, "spec.groups[*]"),  # a CEL rule on each group
+    ({"groups.0.engine": {"maxModelLen": "long"}}, "spec.groups[0].engine.maxModelLen"),
+]
+
+
+@pytest.mark.kubectl
+@pytest.mark.parametrize(("change", "field"), BAD_POOLS)
+def test_kubectl_apply_of_an_invalid_pool_is_refused_naming_the_field(
+    cluster: str, tmp_path: Path, change: dict[str, Any], field: str
+) -> None:
+    """As on a cluster: the CRD's schema and CEL rules refuse the object, with its path."""
+    pool = example("RolloutPool")
+    for dotted, value in change.items():
+        node = pool["spec"]
+        *parents, leaf = dotted.split(".")
+        for part in parents:
+            node = node[int(part)] if part.isdigit() else node[part]
+        node[leaf] = value
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump(pool))
+    config = write_kubeconfig(tmp_path / "kubeconfig", cluster)
+    done = subprocess.run(
+        [
+            "kubectl",
+            "--kubeconfig",
+            str(config),
+            "apply",
+            "--validate=false",
+            "-f",
+            str(tmp_path / "bad.yaml"),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode != 0
+    assert '"mixed" is invalid' in done.stderr and field in done.stderr, done.stderr
+    with pytest.raises(ApiError) as missing:
+        call(cluster, "GET", f"{DEFAULT}/rolloutpools/mixed")
+    assert missing.value.code == 404
+
+
+def test_a_run_whose_scheduler_hmin_is_not_a_number_is_refused(cluster: str) -> None:
+    run = example("TrainingRun")
+    run["spec"]["scheduler"]["hMin"] = "lots"
+    with pytest.raises(ApiError) as refused:
+        call(cluster, "POST", f"{DEFAULT}/trainingruns", run)
+    assert refused.value.code == 422
+    assert "spec.scheduler" in str(refused.value)
+
+
+def test_status_is_a_subresource(cluster: str) -> None:
+    """A write to /status changes only status; a write to the object leaves its status."""
+    call(cluster, "POST", f"{DEFAULT}/rolloutpools", example("RolloutPool"))
+    url = f"{DEFAULT}/rolloutpools/mixed"
+    call(cluster, "PATCH", url + "/status", {"status": {"workers": 4}, "spec": {"image": "x:1"}})
+    call(cluster, "PATCH", url, {"status": {"workers": 9}, "spec": {"image": "cadence:v2"}})
+    stored = call(cluster, "GET", url)
+    assert (stored["status"]["workers"], stored["spec"]["image"]) == (4, "cadence:v2")
+    # Unknown fields are pruned, as the structural schema says, not stored.
+    call(cluster, "PATCH", url + "/status", {"status": {"nonsense": 1}})
+    assert "nonsense" not in call(cluster, "GET", url)["status"]

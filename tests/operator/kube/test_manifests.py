@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,13 @@ import yaml
 from pydantic import BaseModel
 
 from cadence.cli import build_parser
-from cadence.operator.api.resources import RolloutPool, TrainingRun, groups_of
+from cadence.operator.api.resources import (
+    IMAGE,
+    RolloutPool,
+    RolloutPoolSpec,
+    TrainingRun,
+    groups_of,
+)
 from cadence.operator.kube import crds
 from tests.helpers import ROOT
 
@@ -220,3 +227,19 @@ def test_users_get_cadence_through_the_clusters_view_and_edit_roles() -> None:
     assert viewing <= {"get", "list", "watch"}
     editing = {(r, v) for rule in edit["rules"] for r in rule["resources"] for v in rule["verbs"]}
     assert ("trainingruns", "create") in editing and ("rolloutgroups/scale", "patch") in editing
+
+
+def test_every_place_names_the_image_of_this_version() -> None:
+    """The Containerfile's image is `cadence:<package version>`: the Deployment, the
+    examples, the CRD's default and the README name that one, never `latest`."""
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    image = f"cadence:{version}"
+    assert image == IMAGE == RolloutPoolSpec.model_fields["image"].default
+    (deployment,) = yaml.safe_load_all((MANIFESTS / "base" / "deployment.yaml").read_text())
+    assert deployment["spec"]["template"]["spec"]["containers"][0]["image"] == image
+    pool, run = (
+        d for d in yaml.safe_load_all((MANIFESTS / "examples" / "heterogeneous.yaml").read_text())
+    )
+    assert pool["spec"]["image"] == image and run["spec"]["trainer"]["image"] == image
+    for text in ((ROOT / "README.md").read_text(), (ROOT / "Containerfile").read_text()):
+        assert f"-t {image} ." in text and ":latest" not in text
