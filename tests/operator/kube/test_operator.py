@@ -284,7 +284,9 @@ def test_an_invalid_pool_is_degraded_with_an_event_and_others_go_on(operated: Op
     cluster = operated.url
     bad = example("RolloutPool")
     bad["metadata"]["name"] = "broken"
-    bad["spec"]["groups"][0]["accelerator"] = "TPU-v9"
+    # What the CRD's schema admits and the model refuses (a map's keys are checked by the
+    # model only: a CEL rule over them can exceed the API server's cost budget).
+    bad["spec"]["groups"][0]["nodeSelector"] = {"bad key!": "x"}
     call(cluster, "POST", f"{NS}/rolloutpools", bad)
     call(cluster, "POST", f"{NS}/rolloutpools", example("RolloutPool"))
     conditions = eventually(
@@ -294,7 +296,7 @@ def test_an_invalid_pool_is_degraded_with_an_event_and_others_go_on(operated: Op
     )
     degraded = next(c for c in conditions if c["type"] == "Degraded")
     assert degraded["status"] == "True" and degraded["reason"] == "Invalid"
-    assert degraded["message"].startswith("spec.groups.0: unknown accelerator 'TPU-v9'")
+    assert degraded["message"].startswith("spec.groups.0.nodeSelector: node selector key")
     events = eventually(
         lambda: _events(cluster, "Invalid"), timeout_s=OPERATOR_S, what="an Invalid event"
     )
