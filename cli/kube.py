@@ -27,17 +27,25 @@ def _seconds(text: str) -> float:
 def _cmd_operator(args: argparse.Namespace) -> int:
     if args.all_namespaces == bool(args.namespace):
         raise UsageError("give --all-namespaces or one or more --namespace")
+    from cadence.operator.kube.credentials import CredentialsError  # noqa: PLC0415
     from cadence.operator.kube.serve import serve  # noqa: PLC0415
 
-    led = serve(
-        namespaces=args.namespace or [],
-        server=args.server,
-        metrics_port=args.metrics_port,
-        health_port=args.health_port,
-        resync_s=args.resync_s,
-        leader_elect=args.leader_elect,
-        lease_namespace=args.lease_namespace,
-    )
+    if args.server is not None and (args.kubeconfig or args.context):
+        raise UsageError("give --server or --kubeconfig/--context, not both")
+    try:
+        led = serve(
+            namespaces=args.namespace or [],
+            server=args.server,
+            metrics_port=args.metrics_port,
+            health_port=args.health_port,
+            resync_s=args.resync_s,
+            leader_elect=args.leader_elect,
+            lease_namespace=args.lease_namespace,
+            kubeconfig=args.kubeconfig,
+            context=args.context,
+        )
+    except CredentialsError as e:
+        raise UsageError(str(e)) from None
     if not led:
         raise RunFailed("lost leadership (the Lease); restart to stand by again")
     return 0
@@ -71,7 +79,11 @@ def add_operator(sub: Commands) -> None:
     )
     op.add_argument("--namespace", action="append", help="watch this namespace (repeatable)")
     op.add_argument("--all-namespaces", action="store_true", help="watch every namespace")
-    op.add_argument("--server", help="API server URL (default: in-cluster)")
+    op.add_argument(
+        "--server", help="an API server URL, no credentials (a local emulator, kubectl proxy)"
+    )
+    op.add_argument("--kubeconfig", type=Path, help="kubeconfig file (default: $KUBECONFIG)")
+    op.add_argument("--context", help="the kubeconfig context (default: its current one)")
     op.add_argument("--metrics-port", type=at_least(1), default=9090)
     op.add_argument("--health-port", type=at_least(1), default=8080)
     op.add_argument(

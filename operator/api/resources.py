@@ -36,6 +36,7 @@ from cadence.common.catalog import ACCELERATORS, MODELS
 from cadence.operator.scheduler.registry import POLICIES
 from cadence.sim.scenario import AutoOrTokens
 
+
 def _version() -> str:
     try:
         return importlib.metadata.version("cadence")

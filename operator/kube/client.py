@@ -9,12 +9,15 @@ selectors.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
 import httpx
+import kopf
 
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 
@@ -75,39 +78,89 @@ class KubeApi(Protocol):
     async def delete(self, url: str) -> bool: ...
 
 
+# What a client retries, with backoff: the API server shedding load (429, honouring its
+# Retry-After) or briefly unavailable (5xx, a dropped connection), as client-go does.
+RETRIED = {429, 500, 502, 503, 504}
+TRIES = 5
+BACKOFF_S = 0.25  # doubled each try: 0.25, 0.5, 1, 2 s
+MAX_WAIT_S = 10.0
+
+
 class Kube:
-    """`KubeApi` over HTTP, with the service account's token in a pod."""
+    """`KubeApi` over HTTP. `connect` builds it from kopf's `ConnectionInfo`
+    (`credentials.py`: a service account, a kubeconfig's context, an exec plugin);
+    `Kube(server)` speaks to a local API server without credentials. Requests the API
+    server sheds (429) or fails briefly (5xx, a dropped connection) are retried with
+    backoff; conflicts (409) are the caller's: `ensure` reads the winner's object, and
+    the Lease's writes are version-guarded and retried on its next turn."""
 
     def __init__(
         self,
         server: str,
         *,
         token: str | None = None,
-        ca: Path | None = None,
+        scheme: str | None = None,
+        ca: str | Path | None = None,
+        insecure: bool = False,
+        cert: tuple[str, str] | None = None,
+        basic: tuple[str, str] | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         headers = {"User-Agent": "cadence-operator"}  # audit logs say who
         if token:
-            headers["Authorization"] = f"Bearer {token}"
+            headers["Authorization"] = f"{scheme or 'Bearer'} {token}"
+        verify: bool | str = False if insecure else (str(ca) if ca else True)
         self.http = httpx.AsyncClient(
             base_url=server,
             headers=headers,
-            verify=str(ca) if ca else True,
+            verify=verify,
+            cert=cert,
+            auth=basic,
             timeout=10.0,
             transport=transport,
         )
+        self.sleep = sleep
 
     @classmethod
-    def in_cluster(cls) -> Kube:
-        """From the pod's service account, as every in-cluster client is configured."""
-        token = (SERVICE_ACCOUNT / "token").read_text().strip()
-        return cls("https://kubernetes.default.svc", token=token, ca=SERVICE_ACCOUNT / "ca.crt")
+    def connect(cls, info: kopf.ConnectionInfo) -> Kube:
+        cert = None
+        if info.certificate_path and info.private_key_path:
+            cert = (str(info.certificate_path), str(info.private_key_path))
+        basic = (info.username, info.password) if info.username and info.password else None
+        return cls(
+            info.server,
+            token=info.token,
+            scheme=info.scheme,
+            ca=str(info.ca_path) if info.ca_path else None,
+            insecure=bool(info.insecure),
+            cert=cert,
+            basic=basic,
+        )
 
     async def aclose(self) -> None:
         await self.http.aclose()
 
+    async def _request(self, method: str, url: str, **kw: Any) -> httpx.Response:
+        for attempt in range(TRIES):
+            last = attempt == TRIES - 1
+            try:
+                response = await self.http.request(method, url, **kw)
+            except httpx.TransportError:
+                if last:
+                    raise
+                await self.sleep(BACKOFF_S * 2**attempt)
+                continue
+            if response.status_code not in RETRIED or last:
+                return response
+            wait = BACKOFF_S * 2**attempt
+            with contextlib.suppress(ValueError):
+                wait = float(response.headers.get("Retry-After", wait))
+            await self.sleep(min(wait, MAX_WAIT_S))
+        raise AssertionError("unreachable")
+
     async def _send(self, method: str, url: str, body: Any = None, **kw: Any) -> Any:
-        response = await self.http.request(method, url, json=body, **kw)
+        response = await self._request(method, url, json=body, **kw)
         if response.status_code >= 400:
             raise KubeError(response.status_code, response.text[:300])
         return response.json() if response.content else None
@@ -157,20 +210,18 @@ class Kube:
 
     async def patch(self, url: str, body: Mapping[str, Any]) -> dict[str, Any]:
         headers = {"Content-Type": "application/merge-patch+json"}
-        response = await self.http.patch(url, json=dict(body), headers=headers)
-        if response.status_code >= 400:
-            raise KubeError(response.status_code, response.text[:300])
-        patched: dict[str, Any] = response.json()
+        patched: dict[str, Any] = await self._send(
+            "PATCH", url, content=json.dumps(dict(body)), headers=headers
+        )
         return patched
 
     async def json_patch(self, url: str, ops: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         """A JSON patch (RFC 6902): with a `test` of metadata.resourceVersion, a write
         that only succeeds on the version it was computed from."""
         headers = {"Content-Type": "application/json-patch+json"}
-        response = await self.http.patch(url, content=json.dumps(list(ops)), headers=headers)
-        if response.status_code >= 400:
-            raise KubeError(response.status_code, response.text[:300])
-        patched: dict[str, Any] = response.json()
+        patched: dict[str, Any] = await self._send(
+            "PATCH", url, content=json.dumps(list(ops)), headers=headers
+        )
         return patched
 
     async def delete(self, url: str) -> bool:

@@ -12,6 +12,7 @@ import contextlib
 import logging
 import threading
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import kopf
@@ -19,6 +20,7 @@ from aiohttp import web
 from prometheus_client import REGISTRY, start_http_server
 
 from cadence.operator.kube.client import SERVICE_ACCOUNT, Kube
+from cadence.operator.kube.credentials import connection
 from cadence.operator.kube.handlers import Reconciler, register
 from cadence.operator.kube.leader import LeaderElector
 
@@ -29,11 +31,13 @@ StopFlag = asyncio.Event | threading.Event
 
 def operator_registry(
     kube: Kube,
-    server: str | None,
+    server: str | kopf.ConnectionInfo | None,
     reconciler: Reconciler | None = None,
     *,
     resync_s: float = 5.0,
     namespaced: bool = True,
+    kubeconfig: Path | None = None,
+    context: str | None = None,
 ) -> kopf.OperatorRegistry:
     """The operator's handlers on a fresh registry; `reconciler` replaces the default
     one (tests give workers' and the trainer's endpoints on this machine). Every object
@@ -47,10 +51,12 @@ def operator_registry(
         settings.scanning.disabled = namespaced
 
     @kopf.on.login(registry=registry)
-    def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
-        if server is not None:
-            return kopf.ConnectionInfo(server=server, insecure=True)
-        return kopf.login_with_service_account(**kwargs)
+    def login(**_: Any) -> kopf.ConnectionInfo:
+        # The credentials the operator's own client has, read again (an exec plugin's
+        # token expires; kopf logs in again when the API server refuses it).
+        if isinstance(server, kopf.ConnectionInfo):
+            return connection(kubeconfig=kubeconfig, context=context)
+        return connection(server=server)
 
     register(registry, reconciler or Reconciler(kube), resync_s=resync_s)
     return registry
@@ -92,13 +98,15 @@ class Health:
 async def operate(
     kube: Kube,
     *,
-    server: str | None,
+    server: str | kopf.ConnectionInfo | None,
     namespaces: list[str],
     reconciler: Reconciler | None = None,
     resync_s: float = 5.0,
     elector: LeaderElector | None = None,
     stop_flag: StopFlag | None = None,
     health_port: int | None = None,
+    kubeconfig: Path | None = None,
+    context: str | None = None,
 ) -> bool:
     """Runs the operator until `stop_flag` (or a signal); with `elector`, only once it
     leads, and only while it does. Returns False when leadership was lost (the caller
@@ -119,7 +127,13 @@ async def operate(
         operator = asyncio.ensure_future(
             kopf.operator(
                 registry=operator_registry(
-                    kube, server, reconciler, resync_s=resync_s, namespaced=bool(namespaces)
+                    kube,
+                    server,
+                    reconciler,
+                    resync_s=resync_s,
+                    namespaced=bool(namespaces),
+                    kubeconfig=kubeconfig,
+                    context=context,
                 ),
                 standalone=True,
                 clusterwide=not namespaces,
@@ -162,21 +176,27 @@ def serve(
     resync_s: float = 5.0,
     leader_elect: bool = False,
     lease_namespace: str | None = None,
+    kubeconfig: Path | None = None,
+    context: str | None = None,
 ) -> bool:
+    info = connection(server=server, kubeconfig=kubeconfig, context=context)
+
     async def main() -> bool:
-        kube = Kube(server) if server is not None else Kube.in_cluster()
+        kube = Kube.connect(info)
         reconciler = Reconciler(kube)
         REGISTRY.register(reconciler.metrics)
         elector = LeaderElector(kube, lease_namespace or own_namespace()) if leader_elect else None
         try:
             return await operate(
                 kube,
-                server=server,
+                server=server if server is not None else info,
                 namespaces=namespaces,
                 reconciler=reconciler,
                 resync_s=resync_s,
                 elector=elector,
                 health_port=health_port,
+                kubeconfig=kubeconfig,
+                context=context,
             )
         finally:
             await kube.aclose()

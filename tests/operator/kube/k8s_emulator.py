@@ -168,6 +168,8 @@ class KubernetesEmulator(kmock.KubernetesEmulator):
             if has_status:
                 new.pop("status", None)
         else:
+            if request.name is None:
+                return None
             try:
                 old = self.objects[request.resource, request.namespace, request.name].raw
             except (KeyError, ValueError):
@@ -193,17 +195,14 @@ class KubernetesEmulator(kmock.KubernetesEmulator):
             name = meta.get("name") or meta.get("generateName", "")
             causes = [{"field": field, "message": message} for field, message in found]
             said = ", ".join(f"{field}: {message}" for field, message in found)
-            response = _failure(
-                422, "Invalid", f'{kind}.{request.resource.group} "{name}" is invalid: {said}'
-            )
             details = {
                 "name": name,
                 "group": request.resource.group,
                 "kind": request.resource.plural,
                 "causes": causes,
             }
-            response.text = json.dumps({**json.loads(response.text), "details": details})
-            return response
+            message = f'{kind}.{request.resource.group} "{name}" is invalid: {said}'
+            return _failure(422, "Invalid", message, details)
         if creating:
             request.data.clear()
             request.data.update(new)
@@ -474,12 +473,22 @@ class KubernetesEmulator(kmock.KubernetesEmulator):
         return patch
 
 
-def _failure(code: int, reason: str, message: str) -> aiohttp.web.Response:
+def _failure(
+    code: int, reason: str, message: str, details: dict[str, Any] | None = None
+) -> aiohttp.web.Response:
     """An error as kube-apiserver answers it: a `Status` object."""
-    status = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure"}
-    return aiohttp.web.json_response(
-        {**status, "message": message, "reason": reason, "code": code}, status=code
-    )
+    status: dict[str, Any] = {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": message,
+        "reason": reason,
+        "code": code,
+    }
+    if details is not None:
+        status["details"] = details
+    return aiohttp.web.json_response(status, status=code)
 
 
 def _amend(request: kmock.Request, **fields: Any) -> None:
