@@ -93,10 +93,14 @@ class CustomAccelerator(_Spec):
 class EngineSettings(_Spec):
     """How each worker of a group starts its inference engine (vLLM on a cluster)."""
 
+    backend: Literal["vllm", "emulated"] = "vllm"
+    """The engine: vLLM on the group's accelerators, or the emulated engine (the
+    accelerator's roofline, no device; for a cluster without accelerators, such as a
+    kind cluster testing the control plane)."""
     tensor_parallel: int | None = Field(default=None, ge=1)
     """Devices one worker's engine spans (tensor parallelism); unset: the smallest degree
-    that holds the longest trajectory plus hMin + delta, as the pool's capacity check and
-    an emulated worker take it, while a vLLM worker starts at 1, so set it on a cluster."""
+    that holds the longest trajectory plus hMin + delta, which the capacity check plans
+    with and every worker is started at."""
     max_model_len: int = Field(default=4096, ge=16)
     """The longest trajectory (prompt and response) a worker serves, in tokens (vLLM's
     max_model_len); every group must hold the pool's longest plus hMin + delta."""
@@ -204,7 +208,7 @@ _REPLICA_BOUNDS = _rule(
 
 
 # What the operator's own pods use; an overlay may not take these names.
-RESERVED_VOLUMES = frozenset({"shm", "models", "state", "config"})
+RESERVED_VOLUMES = frozenset({"shm", "weights", "models", "state", "config"})
 RESERVED_ENV = frozenset({"CADENCE_TOKEN"})
 
 

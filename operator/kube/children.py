@@ -38,6 +38,7 @@ TOKEN_KEY = "token"
 DRAIN_GRACE_S = 60  # a worker drains (hands its parked work back) within this
 TRAINER_STATE = "/var/lib/cadence"
 MODELS_DIR = "/models"
+WEIGHTS_DIR = "/var/cache/cadence/weights"  # a worker's store of the versions it advanced to
 
 
 def owner(obj: Mapping[str, Any], *, controller: bool = True) -> dict[str, Any]:
@@ -209,11 +210,13 @@ def worker_pod(
     }
     args = [
         "worker",
-        *("--id", pod, "--engine", "vllm", "--host", "0.0.0.0", "--port", str(CONTROL_PORT)),
+        *("--id", pod, "--engine", g.engine.backend),
+        *("--host", "0.0.0.0", "--port", str(CONTROL_PORT)),
         *("--accelerator", g.accelerator, "--affinity", str(g.affinity)),
         *("--model", run.spec.model.catalog, "--model-path", run.spec.model.in_pod(MODELS_DIR)),
         *("--max-model-len", str(g.engine.max_model_len), "--grace-s", str(DRAIN_GRACE_S - 10)),
         *("--trainer-url", trainer_url(run)),
+        *("--weights-dir", WEIGHTS_DIR),
         *("--memory-utilization", str(g.engine.memory_utilization)),
     ]
     # The degree capacity planning chose (the group's own, else the smallest that holds
@@ -233,7 +236,11 @@ def worker_pod(
         "securityContext": POD_SECURITY,
         # vLLM's engine processes share tensors through /dev/shm, which a container
         # otherwise gets at 64 MiB.
-        "volumes": [{"name": "shm", "emptyDir": {"medium": "Memory"}}, *model_volumes(run)],
+        "volumes": [
+            {"name": "shm", "emptyDir": {"medium": "Memory"}},
+            {"name": "weights", "emptyDir": {}},
+            *model_volumes(run),
+        ],
         "containers": [
             {
                 "name": "worker",
@@ -250,7 +257,11 @@ def worker_pod(
                 ],
                 "resources": _resources(g.resources, WORKER_BASE),
                 "securityContext": CONTAINER_SECURITY,
-                "volumeMounts": [{"name": "shm", "mountPath": "/dev/shm"}, *model_mounts(run)],
+                "volumeMounts": [
+                    {"name": "shm", "mountPath": "/dev/shm"},
+                    {"name": "weights", "mountPath": WEIGHTS_DIR},
+                    *model_mounts(run),
+                ],
                 "readinessProbe": {
                     "httpGet": {"path": "/readyz", "port": "control"},
                     "periodSeconds": 5,
