@@ -10,16 +10,15 @@ import contextlib
 import threading
 
 import pytest
-import yaml
 
 from cadence.operator.kube.client import Kube
 from cadence.operator.kube.handlers import Reconciler
 from cadence.operator.kube.leader import LeaderElector
 from cadence.operator.kube.serve import Health, operate
-from tests.helpers import ROOT, eventually, example
+from tests.helpers import eventually, example
 
 from .k8s_emulator import KubernetesEmulator, call
-from .test_operator import NS, OPERATOR_S, TIMER_S, emulator
+from .test_operator import NS, OPERATOR_S, RBAC, TIMER_S, _granted, emulator
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -109,9 +108,6 @@ class ElectedOperator:
         assert not self.thread.is_alive() and self.errors == []
 
 
-RBAC = ROOT / "manifests" / "base" / "rbac.yaml"
-
-
 def test_only_the_leader_reconciles_and_the_standby_takes_over_when_it_stops() -> None:
     kube = KubernetesEmulator()
     with emulator(kube) as url:
@@ -152,15 +148,8 @@ def test_only_the_leader_reconciles_and_the_standby_takes_over_when_it_stops() -
                 if op.thread.is_alive():
                     op.stop()
     # What the candidates did to their Lease, the shipped Role allows.
-    (role,) = [d for d in yaml.safe_load_all(RBAC.read_text()) if d["kind"] == "Role"]
-    granted = {
-        (g, r, v)
-        for rule in role["rules"]
-        for g in rule["apiGroups"]
-        for r in rule["resources"]
-        for v in rule["verbs"]
-    }
-    done = {(g, r, v) for _, v, g, r in kube.audit if r == "leases"}
+    granted = _granted(RBAC, "Role", "cadence-operator-leader")
+    done = {(v, g, r) for _, v, g, r in kube.audit if r == "leases"}
     assert done and done <= granted
 
 
