@@ -101,6 +101,9 @@ class Kubelet(threading.Thread):
         self.errors: list[BaseException] = []
         self.mountpoints: set[Path] = set()
         self.http = httpx.Client(timeout=2.0)
+        # Pods deleted and their processes ended: name -> (how, exit code); how is
+        # "exited" (on its own after SIGTERM, within its grace) or "killed".
+        self.ended: dict[str, tuple[str, int | None]] = {}
 
     # --- the node ---
 
@@ -446,13 +449,16 @@ class Kubelet(threading.Thread):
         proc = c.proc
 
         def finish() -> None:
+            how = "exited"
             if proc is not None and proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
                 try:
                     proc.wait(timeout=c.grace_s)
                 except subprocess.TimeoutExpired:
+                    how = "killed"
                     proc.kill()
                     proc.wait()
+            self.ended[c.name] = (how, None if proc is None else proc.returncode)
             self._teardown(c)
 
         threading.Thread(target=finish, daemon=True).start()

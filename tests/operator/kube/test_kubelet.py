@@ -112,6 +112,50 @@ def test_a_run_trains_on_pods_the_kubelet_runs_from_their_specs(
     assert states == {"consumed": 3 * 8 * 8}
 
 
+def test_scale_in_mid_run_drains_the_pod_by_sigterm_and_loses_nothing(
+    tmp_path: Path, tiny_model: Path
+) -> None:
+    """`/scale` down mid-run: the operator deletes the chosen pod, the node sends it
+    SIGTERM, the worker drains (its parked samples move) and exits within its grace; the
+    run finishes with every admitted sample consumed once."""
+    docs = _docs(iterations=6)
+    with on_node(tmp_path, tiny_model) as (url, node):
+        call(url, "POST", f"{NS}/rolloutpools", docs["RolloutPool"])
+        call(url, "POST", f"{NS}/trainingruns", docs["TrainingRun"])
+        eventually(
+            lambda: (
+                (call(url, "GET", f"{NS}/trainingruns/digits").get("status") or {}).get(
+                    "policyVersion", 0
+                )
+                >= 2
+            ),
+            timeout_s=240,
+            what="the run at version 2",
+        )
+        call(url, "PATCH", f"{NS}/rolloutgroups/mixed-a910x/scale", {"spec": {"replicas": 1}})
+        (gone,) = eventually(
+            lambda: list(node.ended), timeout_s=120, what="a scaled-in pod's process ended"
+        )
+        eventually(
+            lambda: (
+                (call(url, "GET", f"{NS}/trainingruns/digits").get("status") or {}).get("phase")
+                == "Succeeded"
+            ),
+            timeout_s=300,
+            what="the run Succeeded after the scale-in",
+        )
+    assert gone.startswith("mixed-a910x-")
+    assert node.ended[gone] == ("exited", 0), node.log(gone)[-1500:]
+    ledger = tmp_path / "node" / "claims" / "state-digits-trainer-0" / "ledger.db"
+    db = sqlite3.connect(ledger)
+    states = dict(db.execute("SELECT state, COUNT(*) FROM samples GROUP BY state").fetchall())
+    assert states == {"consumed": 6 * 8 * 8}
+    accepted = db.execute(
+        "SELECT COUNT(*), COUNT(DISTINCT id) FROM arrivals WHERE outcome = 'accepted'"
+    ).fetchone()
+    assert accepted == (6 * 8 * 8, 6 * 8 * 8)
+
+
 def _broken(change: Callable[[dict[str, Any]], None]) -> Callable[..., dict[str, Any]]:
     made = children.worker_pod
 
