@@ -225,7 +225,10 @@ class EmulatedEngine:
         self.decoded_tokens += len(stepped)
         self._preempt_while_over()
         await self.pacer.finish()
-        finished = [r for r in stepped if r.done]
+        # A request evicted while the step's time passed went to whoever evicted it, with
+        # what it had: it is theirs to end, not this step's (ended twice, or a KeyError
+        # that stopped this worker's decoding for good, as a CI run once showed).
+        finished = [r for r in stepped if r.done and self.requests.get(r.id) is r]
         for r in finished:
             del self.requests[r.id]
             self.source.forget(r.id)

@@ -192,3 +192,28 @@ def test_an_eviction_during_a_step_keeps_what_it_had_and_the_step_drops_its_toke
     assert evicted.output.token_ids == [] and finished == []
     assert list(engine.requests) == ["b"] and len(engine.requests["b"].output.token_ids) == 1
     assert engine.decoded_tokens == 1
+
+
+def test_a_request_evicted_while_its_last_step_paces_is_the_evictors_not_finished() -> None:
+    """The API may evict a request while a step waits out its time: the step must not
+    also report it finished (nor fail on it, which stopped a worker's decoding)."""
+    clock = FakeClock()
+    engine = _engine(clock)
+    engine.add(EngineRequest("a", [1] * 10, max_new_tokens=1))
+    engine.add(EngineRequest("b", [2] * 10, max_new_tokens=1))
+    finish = engine.pacer.finish
+    calls = 0
+    taken: list[EngineRequest] = []
+
+    async def evicting_finish() -> None:
+        nonlocal calls
+        calls += 1
+        if calls == 2:  # the decode step's wait (the first is the prefill's)
+            taken.append(engine.abort("a"))
+        await finish()
+
+    engine.pacer.finish = evicting_finish  # type: ignore[method-assign]
+    finished = asyncio.run(engine.step())
+    assert [r.id for r in finished] == ["b"]
+    assert [r.id for r in taken] == ["a"] and taken[0].output.token_ids == [10]
+    assert engine.requests == {}
