@@ -34,9 +34,16 @@ below closes those gaps:
   stalling that object's handling (seen once objects were written every fraction of a
   second).
 
-Still missing: label and field selectors, server-side apply, OpenAPI (apply with
-`kubectl --validate=false`), protobuf, PUT of whole objects, real `/status` semantics
-(a status patch is a plain patch of the object), CRD deletion unregistering resources.
+- `/openapi/v3` serves, per CRD version, a document whose PATCH operation takes
+  `fieldValidation` and whose components hold the CRD's schema: enough for `kubectl
+  apply` to validate on the server (its default `--validate=strict`); a create or
+  update with `fieldValidation=Strict` naming a field the schema lacks is refused with
+  400 and kube-apiserver's "strict decoding error", where pruning would drop it.
+- custom resources are admitted as kube-apiserver admits them (`_admit`): defaults,
+  pruning, the schema and CEL rules (422 naming each field), `/status` a subresource.
+
+Still missing: label and field selectors, server-side apply, OpenAPI v2 and built-in
+kinds' schemas, protobuf, PUT of whole objects, CRD deletion unregistering resources.
 
 `serve()` runs an emulator on 127.0.0.1 in a thread with its own event loop, so that
 synchronous tests, `kubectl` and a kopf operator in yet another thread can all use it;
@@ -67,7 +74,7 @@ import jsonpatch
 import kmock
 from kmock._internal.dicts import patch_dict
 
-from .openapi import apply_defaults, prune, refusals
+from .openapi import apply_defaults, prune, refusals, unknown
 
 CRDS = kmock.resource("apiextensions.k8s.io", "v1", "customresourcedefinitions")
 NAMESPACES = kmock.resource("", "v1", "namespaces")
@@ -118,6 +125,8 @@ class KubernetesEmulator(kmock.KubernetesEmulator):
         # kmock fails to parse the bare /api/v1/namespaces (it takes "namespaces" for the
         # prefix of a namespaced path): hand it over as /api/v1/namespaces/*, which kmock
         # parses as a namespace "*" and _reparse() reads back as the collection.
+        if raw_request.path.startswith("/openapi/v3"):
+            return self._serve_openapi(raw_request.path.removeprefix("/openapi/v3").strip("/"))
         if raw_request.path.rstrip("/") == "/api/v1/namespaces":
             rel_url = raw_request.rel_url.with_path(_ALL).with_query(raw_request.query)
             raw_request = raw_request.clone(rel_url=rel_url)
@@ -187,6 +196,17 @@ class KubernetesEmulator(kmock.KubernetesEmulator):
                 if "status" in old:
                     new["status"] = copy.deepcopy(old["status"])
         meta = new.get("metadata", {})
+        strict = request.params.get("fieldValidation") == "Strict"
+        extra = [f for f in unknown(schema, new) if not f.startswith(("metadata", "status"))]
+        if strict and extra:
+            kind = self.resources[request.resource].kind
+            said = ", ".join(f'unknown field "{f}"' for f in extra)
+            version_name = request.resource.version
+            message = (
+                f'{kind} in version "{version_name}" cannot be handled as a {kind}: '
+                f"strict decoding error: {said}"
+            )
+            return _failure(400, "BadRequest", message)
         new = prune(schema, apply_defaults(schema, new))
         new["metadata"] = meta
         found = refusals(schema, new, old)
@@ -333,6 +353,44 @@ class KubernetesEmulator(kmock.KubernetesEmulator):
         return dict(versions[0]) if versions else None
 
     # --- responses: what kmock serves, completed ---
+
+    def _serve_openapi(self, group_version: str) -> aiohttp.web.Response:
+        """OpenAPI v3, as far as `kubectl apply` reads it: the index of group versions,
+        and for each served CRD version a document whose PATCH operation takes
+        `fieldValidation` (so kubectl validates on the server, `--validate=strict`) and
+        whose components hold the CRD's schema."""
+        documents: dict[str, dict[str, Any]] = {}
+        for key, obj in list(self._objects.items()):
+            if key[0] != CRDS or obj.deleted:
+                continue
+            spec = obj.raw["spec"]
+            for version in spec["versions"]:
+                gv = f"apis/{spec['group']}/{version['name']}"
+                doc = documents.setdefault(gv, {"openapi": "3.0.0", "paths": {}})
+                gvk = {"group": spec["group"], "version": version["name"]}
+                gvk["kind"] = spec["names"]["kind"]
+                scope = "/namespaces/{namespace}" if spec.get("scope") != "Cluster" else ""
+                path = f"/{gv}{scope}/{spec['names']['plural']}/{{name}}"
+                validation: dict[str, Any] = {"name": "fieldValidation", "in": "query"}
+                validation["schema"] = {"type": "string"}
+                doc["paths"][path] = {
+                    "patch": {
+                        "x-kubernetes-group-version-kind": gvk,
+                        "parameters": [validation],
+                        "responses": {"200": {"description": "OK"}},
+                    }
+                }
+                reverse = ".".join(reversed(spec["group"].split(".")))
+                name = f"{reverse}.{gvk['version']}.{gvk['kind']}"
+                schema = {**version["schema"]["openAPIV3Schema"]}
+                schema["x-kubernetes-group-version-kind"] = [gvk]
+                doc.setdefault("components", {"schemas": {}})["schemas"][name] = schema
+        if not group_version:
+            index = {gv: {"serverRelativeURL": f"/openapi/v3/{gv}"} for gv in documents}
+            return aiohttp.web.json_response({"paths": index})
+        if group_version not in documents:
+            return _failure(404, "NotFound", f"no OpenAPI document for {group_version}")
+        return aiohttp.web.json_response(documents[group_version])
 
     async def _serve_version(self, request: kmock.Request) -> kmock.Payload:
         payload = await super()._serve_version(request)

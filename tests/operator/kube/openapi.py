@@ -1,6 +1,7 @@
 """Test support, not product code: what the API server does with a CRD's schema that the
 tests need without one. `apply_defaults` fills in schema defaults as the API server does
-before validation; `prune` drops fields the schema does not know; `to_json_schema` turns
+before validation; `prune` drops fields the schema does not know (`unknown` names them,
+for strict field validation); `to_json_schema` turns
 a structural OpenAPI v3.0 schema into JSON Schema so `jsonschema` can validate objects
 against it; `rules` lists every CEL rule with the path of the object it applies to, and
 `cel_broken` runs them (cel-python) as the API server does on a create or an update;
@@ -93,6 +94,25 @@ def prune(schema: dict[str, Any], obj: Any) -> Any:
     if isinstance(obj, list) and isinstance(schema.get("items"), dict):
         return [prune(schema["items"], item) for item in obj]
     return copy.deepcopy(obj)
+
+
+def unknown(schema: dict[str, Any], obj: Any, path: str = "") -> list[str]:
+    """The dotted paths of the fields `prune` would drop: what `fieldValidation=Strict`
+    refuses."""
+    found: list[str] = []
+    if isinstance(obj, dict) and not schema.get("x-kubernetes-preserve-unknown-fields"):
+        if "properties" in schema:
+            props = schema["properties"]
+            for k, v in obj.items():
+                where = f"{path}.{k}" if path else k
+                found += unknown(props[k], v, where) if k in props else [where]
+        elif isinstance(schema.get("additionalProperties"), dict):
+            for k, v in obj.items():
+                found += unknown(schema["additionalProperties"], v, f"{path}.{k}")
+    elif isinstance(obj, list) and isinstance(schema.get("items"), dict):
+        for i, item in enumerate(obj):
+            found += unknown(schema["items"], item, f"{path}[{i}]")
+    return found
 
 
 def transition(rule: dict[str, str]) -> bool:

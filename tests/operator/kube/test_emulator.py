@@ -127,7 +127,7 @@ def test_core_discovery_and_namespaces(url: str) -> None:
 
 @pytest.mark.kubectl
 def test_kubectl_applies_and_prints_the_printer_columns(kubectl: Callable[..., str]) -> None:
-    applied = kubectl("apply", "--validate=false", "-f", str(EXAMPLE))
+    applied = kubectl("apply", "-f", str(EXAMPLE))
     assert "rolloutpool.cadence.dev/mixed created" in applied
     assert "trainingrun.cadence.dev/digits created" in applied
 
@@ -142,7 +142,7 @@ def test_kubectl_applies_and_prints_the_printer_columns(kubectl: Callable[..., s
     assert re.fullmatch(r"trainingrun.cadence.dev/digits mixed \d+s", runs[1])
 
     before = json.loads(kubectl("get", "rolloutpool", "mixed", "-o", "json"))
-    again = kubectl("apply", "--validate=false", "-f", str(EXAMPLE))
+    again = kubectl("apply", "-f", str(EXAMPLE))
     # The run is unchanged; the pool's groups are a list the API server fills defaults
     # into, which a JSON merge patch replaces whole, so kubectl sends it again (as it does
     # on a cluster), and the stored spec stays the same.
@@ -171,7 +171,7 @@ def test_watch_streams_json_events_after_the_listed_version(cluster: str) -> Non
 
 @pytest.mark.kubectl
 def test_printer_columns_show_status_values(cluster: str, kubectl: Callable[..., str]) -> None:
-    kubectl("apply", "--validate=false", "-f", str(EXAMPLE))
+    kubectl("apply", "-f", str(EXAMPLE))
     status: dict[str, Any] = {"ready": "3/4", "workers": 4, "run": "digits", "versions": "5,6"}
     status["tokensPerSecond"] = 812.5
     call(cluster, "PATCH", f"{DEFAULT}/rolloutpools/mixed/status", {"status": status})
@@ -402,7 +402,6 @@ def test_kubectl_apply_of_an_invalid_pool_is_refused_naming_the_field(
             "--kubeconfig",
             str(config),
             "apply",
-            "--validate=false",
             "-f",
             str(tmp_path / "bad.yaml"),
         ],
@@ -415,6 +414,29 @@ def test_kubectl_apply_of_an_invalid_pool_is_refused_naming_the_field(
     with pytest.raises(ApiError) as missing:
         call(cluster, "GET", f"{DEFAULT}/rolloutpools/mixed")
     assert missing.value.code == 404
+
+
+@pytest.mark.kubectl
+def test_kubectl_apply_of_a_misspelt_field_is_refused_not_dropped(
+    cluster: str, tmp_path: Path
+) -> None:
+    """kubectl validates on the server (`fieldValidation=Strict`, which the emulator's
+    OpenAPI v3 offers as kube-apiserver's does): a field the schema lacks is refused by
+    name, where pruning would have dropped it silently."""
+    pool = example("RolloutPool")
+    pool["spec"]["groups"][0]["replica"] = 3
+    (tmp_path / "typo.yaml").write_text(yaml.safe_dump(pool))
+    config = write_kubeconfig(tmp_path / "kubeconfig", cluster)
+    done = subprocess.run(
+        ["kubectl", "--kubeconfig", str(config), "apply", "-f", str(tmp_path / "typo.yaml")],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode != 0
+    assert 'strict decoding error: unknown field "spec.groups[0].replica"' in done.stderr
+    with pytest.raises(ApiError):
+        call(cluster, "GET", f"{DEFAULT}/rolloutpools/mixed")
 
 
 def test_a_run_whose_scheduler_hmin_is_not_a_number_is_refused(cluster: str) -> None:

@@ -477,9 +477,7 @@ def test_no_object_waits_on_the_operator_to_be_deleted() -> None:
 def test_kubectl_shows_the_columns(cluster: str, tmp_path: Path) -> None:
     config = write_kubeconfig(tmp_path / "kubeconfig", cluster)
     kubectl = ["kubectl", "--kubeconfig", str(config)]
-    subprocess.run(
-        [*kubectl, "apply", "--validate=false", "-f", str(EXAMPLE)], check=True, capture_output=True
-    )
+    subprocess.run([*kubectl, "apply", "-f", str(EXAMPLE)], check=True, capture_output=True)
     eventually(
         lambda: _status(cluster, f"{NS}/trainingruns/digits").get("phase"),
         timeout_s=OPERATOR_S,
