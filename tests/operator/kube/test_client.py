@@ -132,3 +132,10 @@ def test_the_operator_without_credentials_says_so_in_one_sentence(
         ]
     )
     assert code == 2 and "staging" in capsys.readouterr().err
+    config = str(_kubeconfig(tmp_path / "d"))
+    code = main(["operator", "--all-namespaces", "--server", "http://x", "--kubeconfig", config])
+    err = capsys.readouterr().err
+    assert (
+        code == 2
+        and err.strip() == "cadence: error: give --server or --kubeconfig/--context, not both"
+    )

@@ -6,22 +6,39 @@ on purpose (no token, a wrong probe path) fails there, as it would on a cluster.
 
 from __future__ import annotations
 
+import base64
 import contextlib
-import sqlite3
+import subprocess
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
+from prometheus_client import CollectorRegistry, generate_latest
 
 from cadence.operator.kube import children
 from cadence.operator.kube.client import Kube
 from cadence.operator.kube.handlers import Reconciler
 from tests.helpers import documents, eventually
 
-from .k8s_emulator import call
+from .k8s_emulator import KubernetesEmulator, call, write_kubeconfig
 from .kubelet import Kubelet, available
-from .test_operator import EXAMPLE, NS, PODS, emulator, operator_thread
+from .test_operator import (
+    EXAMPLE,
+    NS,
+    OPERATOR_S,
+    PODS,
+    _events,
+    _get,
+    _ledger_is_whole,
+    _monitoring_reads_real_metrics,
+    _rbac_allows_what_the_operator_did,
+    _status,
+    emulator,
+    operator_thread,
+)
 
 pytestmark = [
     pytest.mark.slow,
@@ -42,18 +59,34 @@ def _docs(iterations: int) -> dict[str, dict[str, Any]]:
     return docs
 
 
+def _reconciler(node: Kubelet) -> Callable[[Kube], Reconciler]:
+    def make(kube: Kube) -> Reconciler:
+        return Reconciler(kube, status_every_s=0.5, transport=node.transport())
+
+    return make
+
+
 @contextlib.contextmanager
-def on_node(tmp_path: Path, model: Path) -> Iterator[tuple[str, Kubelet]]:
-    """The emulator, a node running its pods (the weights' claim is `model`), and the
-    operator, which reaches the trainer through the node's Service names."""
-    with emulator() as url, Kubelet(url, tmp_path / "node", claims={"models": model}) as node:
-
-        def make(kube: Kube) -> Reconciler:
-            return Reconciler(kube, status_every_s=0.5, transport=node.transport())
-
-        with operator_thread(url, make):
-            yield url, node
+def node_only(
+    tmp_path: Path, model: Path, kube: KubernetesEmulator | None = None
+) -> Iterator[tuple[str, Kubelet]]:
+    """The emulator and a node running its pods (the weights' claim is `model`)."""
+    with emulator(kube) as url, Kubelet(url, tmp_path / "node", claims={"models": model}) as node:
+        yield url, node
         assert node.errors == []
+
+
+@contextlib.contextmanager
+def on_node(
+    tmp_path: Path, model: Path, kube: KubernetesEmulator | None = None
+) -> Iterator[tuple[str, Kubelet, Reconciler]]:
+    """The node and the operator, which reaches the trainer through the node's Service
+    names, as a client in the cluster would."""
+    with (
+        node_only(tmp_path, model, kube) as (url, node),
+        operator_thread(url, _reconciler(node)) as reconciler,
+    ):
+        yield url, node, reconciler
 
 
 def _pod(url: str, name: str) -> dict[str, Any]:
@@ -61,55 +94,220 @@ def _pod(url: str, name: str) -> dict[str, Any]:
     return found
 
 
+class Watcher(threading.Thread):
+    """Polls every worker pod's state (at its pod IP, with the pool's token) while a run
+    goes on, and records any trajectory found resident on two workers at once."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(daemon=True)
+        self.url = url
+        self.doubles: list[tuple[str, list[str]]] = []
+        self.polls = 0
+        self.residents = 0  # seen over all polls: the watcher saw work, not errors
+        self.errors: list[BaseException] = []
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        try:
+            self._watch()
+        except BaseException as e:
+            self.errors.append(e)
+
+    def _watch(self) -> None:
+        secret = eventually(
+            lambda: _get(self.url, "/api/v1/namespaces/default/secrets/cadence-token"),
+            timeout_s=OPERATOR_S,
+            what="the pool's token Secret",
+        )
+        token = base64.b64decode(secret["data"]["token"]).decode()
+        with httpx.Client(headers={"Authorization": f"Bearer {token}"}, timeout=5.0) as http:
+            while not self.stop.is_set():
+                where: dict[str, list[str]] = {}
+                for pod in call(self.url, "GET", PODS)["items"]:
+                    ip = (pod.get("status") or {}).get("podIP")
+                    if pod["metadata"]["labels"].get("app.kubernetes.io/component") != "worker":
+                        continue
+                    if not ip:
+                        continue
+                    try:
+                        answer = http.get(f"http://{ip}:{children.CONTROL_PORT}/v1/state")
+                    except httpx.TransportError:
+                        continue  # starting, or gone
+                    if answer.status_code == 503:
+                        continue  # not ready yet
+                    state = answer.raise_for_status().json()
+                    self.residents += len(state["residents"])
+                    for r in state["residents"]:
+                        where.setdefault(r["id"], []).append(pod["metadata"]["name"])
+                self.doubles += [(t, ws) for t, ws in where.items() if len(ws) > 1]
+                self.polls += 1
+                self.stop.wait(0.05)
+
+
+@contextlib.contextmanager
+def watching(url: str) -> Iterator[Watcher]:
+    watcher = Watcher(url)
+    watcher.start()
+    try:
+        yield watcher
+    finally:
+        watcher.stop.set()
+        watcher.join(timeout=10)
+
+
+def _run(url: str) -> dict[str, Any]:
+    found: dict[str, Any] = call(url, "GET", f"{NS}/trainingruns/digits").get("status") or {}
+    return found
+
+
+def _ledger(tmp_path: Path) -> Path:
+    return tmp_path / "node" / "claims" / "state-digits-trainer-0" / "ledger.db"
+
+
+def _all_ready(url: str, count: int) -> list[dict[str, Any]] | None:
+    pods: list[dict[str, Any]] = call(url, "GET", PODS)["items"]
+    ready = [
+        p
+        for p in pods
+        if any(
+            c["type"] == "Ready" and c["status"] == "True"
+            for c in (p.get("status") or {}).get("conditions", [])
+        )
+    ]
+    return pods if len(pods) == count and len(ready) == count else None
+
+
+@pytest.mark.kubectl
 def test_a_run_trains_on_pods_the_kubelet_runs_from_their_specs(
     tmp_path: Path, tiny_model: Path
 ) -> None:
-    docs = _docs(iterations=3)
-    with on_node(tmp_path, tiny_model) as (url, node):
+    """End to end: the operator reaches workers at their pod IPs and the trainer at its
+    Service name; the run trains to its last version. Mid-run, `kubectl get` shows the
+    pool's readiness, versions and throughput, the operator's metrics each group's
+    workers and demand; every metric the dashboard and HPA name is exported."""
+    iterations = 6  # long enough for the pool to show the run mid-run
+    docs = _docs(iterations)
+    kube = KubernetesEmulator()
+    a910x = 'cadence_group_workers{namespace="default",pool="mixed",rolloutgroup="mixed-a910x"}'
+    with on_node(tmp_path, tiny_model, kube) as (url, node, reconciler):
         call(url, "POST", f"{NS}/rolloutpools", docs["RolloutPool"])
         call(url, "POST", f"{NS}/trainingruns", docs["TrainingRun"])
         ready = eventually(
-            lambda: (
-                len(pods := call(url, "GET", PODS)["items"]) == 5
-                and all(
-                    c["status"] == "True"
-                    for p in pods
-                    for c in (p.get("status") or {}).get("conditions", [])
-                    if c["type"] == "Ready"
-                )
-                and all((p.get("status") or {}).get("conditions") for p in pods)
-                and pods
-            ),
+            lambda: _all_ready(url, 5),
             timeout_s=240,
             what="4 workers and the trainer Ready by their readiness probes",
         )
         assert {p["status"]["podIP"] for p in ready} <= {
             f"{node.subnet}.{i}" for i in range(2, 250)
         }
-        status = eventually(
+        registry = CollectorRegistry()
+        registry.register(reconciler.metrics)
+        scraped = eventually(
             lambda: (
-                (s := call(url, "GET", f"{NS}/trainingruns/digits").get("status") or {}).get(
-                    "phase"
-                )
-                == "Succeeded"
-                and s
+                text if f"{a910x} 2.0" in (text := generate_latest(registry).decode()) else None
             ),
+            timeout_s=OPERATOR_S,
+            what="the operator's metrics showing the a910x group's 2 workers",
+        )
+        groups = eventually(
+            lambda: (
+                all((g.get("status") or {}).get("versions") for g in items)
+                and [g["status"] for g in items]
+                if (items := call(url, "GET", f"{NS}/rolloutgroups")["items"])
+                else None
+            ),
+            timeout_s=OPERATOR_S,
+            what="every group's status showing its versions",
+        )
+        eventually(
+            lambda: (
+                (pool := _status(url, f"{NS}/rolloutpools/mixed")).get("tokensPerSecond")
+                and pool.get("versions")
+                and pool.get("ready") == "4/4"
+            ),
+            timeout_s=OPERATOR_S,
+            what="the pool's status showing throughput, versions and 4/4 ready",
+        )
+        config = write_kubeconfig(tmp_path / "kubeconfig", url)
+        shown = subprocess.run(
+            [
+                "kubectl",
+                "--kubeconfig",
+                str(config),
+                "get",
+                "rolloutpools,rolloutgroups,trainingruns",
+            ],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
+        print(shown)  # the README quotes it
+        worker = next(p for p in ready if p["metadata"]["name"] == "mixed-h800-0")
+        scraped += httpx.get(
+            f"http://{worker['status']['podIP']}:{children.CONTROL_PORT}/metrics"
+        ).text
+        scraped += httpx.get(
+            node.url_of(f"http://digits-trainer:{children.TRAINER_PORT}/metrics")
+        ).text
+        status = eventually(
+            lambda: _run(url).get("phase") == "Succeeded" and _run(url),
             timeout_s=300,
             what=f"the run Succeeded; trainer log: {node.log('digits-trainer-0')[-2000:]}",
         )
+        eventually(  # a finished run frees its pool
+            lambda: _status(url, f"{NS}/rolloutpools/mixed").get("run") is None,
+            timeout_s=OPERATOR_S,
+            what="the finished run's pool released",
+        )
+        events = call(url, "GET", "/api/v1/namespaces/default/events")["items"]
         restarts = {
             p["metadata"]["name"]: p["status"]["containerStatuses"][0]["restartCount"]
             for p in call(url, "GET", PODS)["items"]
         }
-    assert status["policyVersion"] == 3
+    assert status["policyVersion"] == iterations and status["step"] == iterations
     assert set(restarts.values()) == {0}, restarts
-    ledger = tmp_path / "node" / "claims" / "state-digits-trainer-0" / "ledger.db"
-    states = dict(
-        sqlite3.connect(ledger)
-        .execute("SELECT state, COUNT(*) FROM samples GROUP BY state")
-        .fetchall()
-    )
-    assert states == {"consumed": 3 * 8 * 8}
+    rows = [line.split() for line in shown.splitlines()]
+    pool_row = next(r for r in rows if r and r[0] == "rolloutpool.cadence.dev/mixed")
+    assert pool_row[1:4] == ["4/4", "4", "digits"] and float(pool_row[5]) > 0
+    assert 'cadence_loop_cycles_total{namespace="default",trainingrun="digits"}' in scraped
+    pending = 'cadence_group_pending_trajectories{namespace="default",pool="mixed",'
+    assert f'{pending}rolloutgroup="mixed-h800"}}' in scraped
+    for g in groups:  # what the loop saw, per group
+        assert g["headroomTokens"] > 0 and "pendingTrajectories" in g and "meanContext" in g
+    assert {"Bound", "Succeeded", "Released"} <= {e["reason"] for e in events}
+    assert reconciler.metrics.runs == {}  # a finished run's series went with its loop
+    _rbac_allows_what_the_operator_did(kube)
+    _monitoring_reads_real_metrics(scraped)
+    assert status["tokensPerSecond"] > 0 and 0 < status["latencyP50S"] <= status["latencyP95S"]
+    assert status["tokensPerDollar"] > 0
+    _ledger_is_whole(_ledger(tmp_path), iterations * 8 * 8)
+
+
+def test_an_operator_restarted_mid_run_rebuilds_and_finishes_it(
+    tmp_path: Path, tiny_model: Path
+) -> None:
+    """The operator goes mid-run (its control loop with it) and a new one starts: it
+    rebuilds the loop from the workers' and the trainer's state, no trajectory is ever
+    resident on two workers, and every admitted sample is consumed once."""
+    docs = _docs(iterations=6)
+    with node_only(tmp_path, tiny_model) as (url, node), watching(url) as watcher:
+        with operator_thread(url, _reconciler(node)):
+            call(url, "POST", f"{NS}/rolloutpools", docs["RolloutPool"])
+            call(url, "POST", f"{NS}/trainingruns", docs["TrainingRun"])
+            eventually(
+                lambda: _run(url).get("policyVersion", 0) >= 2,
+                timeout_s=240,
+                what="the run at version 2",
+            )
+        with operator_thread(url, _reconciler(node)):
+            eventually(
+                lambda: _run(url).get("phase") == "Succeeded",
+                timeout_s=300,
+                what="the run Succeeded under the new operator",
+            )
+    assert watcher.errors == [] and watcher.polls > 20 and watcher.residents > 0
+    assert watcher.doubles == []
+    _ledger_is_whole(_ledger(tmp_path), 6 * 8 * 8)
 
 
 def test_scale_in_mid_run_drains_the_pod_by_sigterm_and_loses_nothing(
@@ -117,18 +315,13 @@ def test_scale_in_mid_run_drains_the_pod_by_sigterm_and_loses_nothing(
 ) -> None:
     """`/scale` down mid-run: the operator deletes the chosen pod, the node sends it
     SIGTERM, the worker drains (its parked samples move) and exits within its grace; the
-    run finishes with every admitted sample consumed once."""
+    run finishes with every admitted sample consumed once, none ever on two workers."""
     docs = _docs(iterations=6)
-    with on_node(tmp_path, tiny_model) as (url, node):
+    with on_node(tmp_path, tiny_model) as (url, node, _), watching(url) as watcher:
         call(url, "POST", f"{NS}/rolloutpools", docs["RolloutPool"])
         call(url, "POST", f"{NS}/trainingruns", docs["TrainingRun"])
         eventually(
-            lambda: (
-                (call(url, "GET", f"{NS}/trainingruns/digits").get("status") or {}).get(
-                    "policyVersion", 0
-                )
-                >= 2
-            ),
+            lambda: _run(url).get("policyVersion", 0) >= 2,
             timeout_s=240,
             what="the run at version 2",
         )
@@ -136,24 +329,19 @@ def test_scale_in_mid_run_drains_the_pod_by_sigterm_and_loses_nothing(
         (gone,) = eventually(
             lambda: list(node.ended), timeout_s=120, what="a scaled-in pod's process ended"
         )
+        (scaled_in,) = eventually(
+            lambda: _events(url, "ScaledIn"), timeout_s=OPERATOR_S, what="a ScaledIn event"
+        )
         eventually(
-            lambda: (
-                (call(url, "GET", f"{NS}/trainingruns/digits").get("status") or {}).get("phase")
-                == "Succeeded"
-            ),
+            lambda: _run(url).get("phase") == "Succeeded",
             timeout_s=300,
             what="the run Succeeded after the scale-in",
         )
-    assert gone.startswith("mixed-a910x-")
+    assert gone.startswith("mixed-a910x-") and scaled_in["message"].startswith(f"pod {gone}")
     assert node.ended[gone] == ("exited", 0), node.log(gone)[-1500:]
-    ledger = tmp_path / "node" / "claims" / "state-digits-trainer-0" / "ledger.db"
-    db = sqlite3.connect(ledger)
-    states = dict(db.execute("SELECT state, COUNT(*) FROM samples GROUP BY state").fetchall())
-    assert states == {"consumed": 6 * 8 * 8}
-    accepted = db.execute(
-        "SELECT COUNT(*), COUNT(DISTINCT id) FROM arrivals WHERE outcome = 'accepted'"
-    ).fetchone()
-    assert accepted == (6 * 8 * 8, 6 * 8 * 8)
+    assert watcher.errors == [] and watcher.polls > 20 and watcher.residents > 0
+    assert watcher.doubles == []
+    _ledger_is_whole(_ledger(tmp_path), 6 * 8 * 8)
 
 
 def _broken(change: Callable[[dict[str, Any]], None]) -> Callable[..., dict[str, Any]]:
@@ -229,7 +417,7 @@ def one_worker(tmp_path: Path, model: Path) -> Iterator[tuple[str, Kubelet]]:
     docs = _docs(iterations=3)
     docs["RolloutPool"]["spec"]["groups"] = docs["RolloutPool"]["spec"]["groups"][:1]
     docs["RolloutPool"]["spec"]["groups"][0]["replicas"] = 1
-    with on_node(tmp_path, model) as (url, node):
+    with on_node(tmp_path, model) as (url, node, _):
         call(url, "POST", f"{NS}/rolloutpools", docs["RolloutPool"])
         call(url, "POST", f"{NS}/trainingruns", docs["TrainingRun"])
         yield url, node

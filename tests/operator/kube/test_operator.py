@@ -7,33 +7,25 @@ second run on a busy pool waits saying why. `kubectl get` shows the printer colu
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import json
-import os
 import re
 import sqlite3
 import subprocess
 import threading
-import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
 import kopf
 import pytest
 import yaml
-from prometheus_client import CollectorRegistry, generate_latest
 
-from cadence.operator.api.resources import TrainingRun
-from cadence.operator.api.settings import trainer_config
 from cadence.operator.kube.client import Kube
 from cadence.operator.kube.handlers import Reconciler
 from cadence.operator.kube.serve import operator_registry
-from cadence.operator.local.processes import CADENCE, free_port, wait_healthy, worker_processes
-from tests.helpers import ROOT, TRAINING_RUN, documents, eventually, example
+from tests.helpers import ROOT, TRAINING_RUN, eventually, example
 
 from .k8s_emulator import ApiError, KubernetesEmulator, call, serve, write_kubeconfig
 
@@ -505,123 +497,14 @@ def test_kubectl_shows_the_columns(cluster: str, tmp_path: Path) -> None:
     assert run_row[1:3] == ["mixed", "Starting"]  # no trainer answers here
 
 
-PODS_HERE = [
-    ("mixed-h800-0", "H800", 2),
-    ("mixed-h800-1", "H800", 2),
-    ("mixed-a910x-0", "A910X", 1),
-    ("mixed-a910x-1", "A910X", 1),
-]
-
-
-@dataclass
-class Local:
-    """Processes on this machine standing in for the pods: one worker host whose workers
-    are named as the operator names its pods, and the run's trainer."""
-
-    endpoints: dict[str, str] = field(default_factory=dict)  # pod name -> worker URL
-    trainer: str = ""
-    host: str = ""
-    token: str = ""
-
-    def reconciler(self, kube: Kube) -> Reconciler:
-        return Reconciler(
-            kube,
-            endpoint=lambda pod: self.endpoints.get(pod["metadata"]["name"]),
-            trainer_endpoint=lambda _: self.trainer,
-            status_every_s=0.5,
-        )
-
-
-def _docs(iterations: int) -> dict[str, dict[str, Any]]:
-    docs = documents(EXAMPLE)
-    docs["TrainingRun"]["spec"]["batch"]["iterations"] = iterations
-    return docs
-
-
-@contextlib.contextmanager
-def processes(
-    url: str, local: Local, run: dict[str, Any], tmp_path: Path, model: Path
-) -> Iterator[None]:
-    """Once the pool's Secret exists: the trainer and the worker host, with its token."""
-    secret = eventually(
-        lambda: _get(url, "/api/v1/namespaces/default/secrets/cadence-token"),
-        timeout_s=OPERATOR_S,
-        what="the pool's token Secret",
-    )
-    local.token = base64.b64decode(secret["data"]["token"]).decode()
-    config = trainer_config(TrainingRun.model_validate(run), model, tmp_path / "state")
-    (tmp_path / "trainer.json").write_text(config.model_dump_json())
-    port = free_port()
-    trainer = subprocess.Popen(
-        [*CADENCE, "trainer", "--config", str(tmp_path / "trainer.json"), "--port", str(port)],
-        env={**os.environ, "CADENCE_TOKEN": local.token},
-        stdout=(tmp_path / "trainer.log").open("wb"),
-        stderr=subprocess.STDOUT,
-    )
-    hosted = [a for p in PODS_HERE for a in ("--hosted", ":".join(map(str, p)))]
-    args = [*hosted, "--model-path", str(model), "--weights-dir", str(tmp_path / "w")]
-    try:
-        local.trainer = f"http://127.0.0.1:{port}"
-        wait_healthy([local.trainer], [trainer], within_s=120)
-        with worker_processes(
-            ["host"],
-            lambda _: [*args, "--trainer-url", local.trainer, "--grace-s", "30"],
-            env={"CADENCE_TOKEN": local.token},
-            within_s=120,
-        ) as hosts:
-            local.host = hosts["host"]
-            local.endpoints.update({name: f"{local.host}/{name}" for name, _, _ in PODS_HERE})
-            yield
-    finally:
-        trainer.terminate()
-        trainer.wait(timeout=30)
-
-
-class Watcher(threading.Thread):
-    """Polls every worker's state while a run goes on and records any trajectory found
-    resident on two workers at once; as the kubelet would, it drains the worker of a
-    pod the operator deleted (SIGTERM drains a real worker)."""
-
-    def __init__(self, url: str, local: Local) -> None:
-        super().__init__(daemon=True)
-        self.url, self.local = url, local
-        self.doubles: list[tuple[str, list[str]]] = []
-        self.polls = 0
-        self.drained: list[str] = []
-        self.seen: set[str] = set()  # pods that existed: one gone is one deleted
-        self.stop = threading.Event()
-
-    def run(self) -> None:
-        auth = {"Authorization": f"Bearer {self.local.token}"}
-        with httpx.Client(headers=auth, timeout=5.0) as http:
-            while not self.stop.is_set():
-                states = http.get(f"{self.local.host}/v1/states").json()["states"]
-                where: dict[str, list[str]] = {}
-                for wid, st in states.items():
-                    for r in st["residents"]:
-                        where.setdefault(r["id"], []).append(wid)
-                self.doubles += [(t, ws) for t, ws in where.items() if len(ws) > 1]
-                self.polls += 1
-                alive = {p["metadata"]["name"] for p in call(self.url, "GET", PODS)["items"]}
-                for name in self.seen - alive - set(self.drained):
-                    http.post(f"{self.local.host}/{name}/v1/drain")
-                    self.drained.append(name)
-                self.seen |= alive
-                time.sleep(0.05)
-
-
-def _ledger_is_whole(tmp_path: Path, samples: int) -> None:
-    db = sqlite3.connect(tmp_path / "state" / "ledger.db")
+def _ledger_is_whole(ledger: Path, samples: int) -> None:
+    db = sqlite3.connect(ledger)
     states = dict(db.execute("SELECT state, COUNT(*) FROM samples GROUP BY state").fetchall())
     assert states == {"consumed": samples}  # every admitted sample ended
     accepted = db.execute(
         "SELECT COUNT(*), COUNT(DISTINCT id) FROM arrivals WHERE outcome = 'accepted'"
     ).fetchone()
     assert accepted == (samples, samples)  # once: no attempt accepted twice
-
-
-def _run_status(url: str) -> dict[str, Any]:
-    return _status(url, f"{NS}/trainingruns/digits")
 
 
 def _monitoring_reads_real_metrics(scraped: str) -> None:
@@ -642,208 +525,6 @@ def _monitoring_reads_real_metrics(scraped: str) -> None:
     hpa = yaml.safe_load((ROOT / "manifests" / "autoscaling" / "hpa.yaml").read_text())
     named.add(hpa["spec"]["metrics"][0]["external"]["metric"]["name"])
     assert len(named) >= 8 and named <= exported, named - exported
-
-
-def _kubelet_marks_ready(url: str) -> bool:
-    """What the kubelet does once a pod's readiness probe passes (the emulator runs no
-    kubelet); true once there are pods and all are marked."""
-    pods = _pods(url)
-    for pod in pods:
-        ready = {"type": "Ready", "status": "True"}
-        call(
-            url,
-            "PATCH",
-            f"{PODS}/{pod['metadata']['name']}/status",
-            {"status": {"conditions": [ready]}},
-        )
-    return bool(pods)
-
-
-@pytest.mark.slow
-@pytest.mark.kubectl
-@pytest.mark.timeout(600)
-def test_the_operator_runs_the_control_loop_on_the_pools_pods(
-    tmp_path: Path, tiny_model: Path
-) -> None:
-    """End to end: pod endpoints point at the emulated workers, the trainer endpoint at
-    the trainer process; the run trains to its last version. `kubectl get` mid-run shows
-    the pool's versions and throughput and each group's waiting demand."""
-    iterations = 8  # long enough for the pool to show the run mid-run
-    local, docs = Local(), _docs(iterations)
-    kube = KubernetesEmulator()
-    a910x = 'cadence_group_workers{namespace="default",pool="mixed",rolloutgroup="mixed-a910x"}'
-    with operator_on(local.reconciler, kube) as operated:
-        url, reconciler = operated.url, operated.reconciler
-        call(url, "POST", f"{NS}/rolloutpools", docs["RolloutPool"])
-        with processes(url, local, docs["TrainingRun"], tmp_path, tiny_model):
-            call(url, "POST", f"{NS}/trainingruns", docs["TrainingRun"])
-            registry = CollectorRegistry()
-            registry.register(reconciler.metrics)
-            scraped = eventually(
-                lambda: (
-                    text if f"{a910x} 2.0" in (text := generate_latest(registry).decode()) else None
-                ),
-                timeout_s=60,
-                what="the operator's metrics showing the a910x group's 2 workers",
-            )
-            groups = eventually(
-                lambda: (
-                    all(
-                        (g.get("status") or {}).get("versions")
-                        for g in call(url, "GET", f"{NS}/rolloutgroups")["items"]
-                    )
-                    and [g["status"] for g in call(url, "GET", f"{NS}/rolloutgroups")["items"]]
-                ),
-                timeout_s=60,
-                what="every group's status showing its versions",
-            )
-            eventually(
-                lambda: len(_pods(url)) == 4 and _kubelet_marks_ready(url),
-                timeout_s=OPERATOR_S,
-                what="4 pods, marked Ready",
-            )
-            eventually(
-                lambda: (
-                    (pool := _status(url, f"{NS}/rolloutpools/mixed")).get("tokensPerSecond")
-                    and pool.get("versions")
-                    and pool.get("ready") == "4/4"
-                ),
-                timeout_s=60,
-                what="the pool's status showing throughput, versions and 4/4 ready",
-            )
-            config = write_kubeconfig(tmp_path / "kubeconfig", url)
-            shown = subprocess.run(
-                [
-                    "kubectl",
-                    "--kubeconfig",
-                    str(config),
-                    "get",
-                    "rolloutpools,rolloutgroups,trainingruns",
-                ],
-                check=True,
-                capture_output=True,
-                text=True,
-            ).stdout
-            print(shown)  # the README quotes it
-            scraped += httpx.get(f"{local.endpoints['mixed-h800-0']}/metrics").text
-            scraped += httpx.get(f"{local.trainer}/metrics").text
-            status = eventually(
-                lambda: _run_status(url).get("phase") == "Succeeded" and _run_status(url),
-                timeout_s=120,
-                what="the run Succeeded",
-            )
-            # A finished run frees its pool.
-            eventually(
-                lambda: _status(url, f"{NS}/rolloutpools/mixed").get("run") is None,
-                timeout_s=OPERATOR_S,
-                what="the finished run's pool released",
-            )
-            events = call(url, "GET", "/api/v1/namespaces/default/events")["items"]
-    assert status["policyVersion"] == iterations and status["step"] == iterations
-    rows = [line.split() for line in shown.splitlines()]
-    pool_row = next(r for r in rows if r and r[0] == "rolloutpool.cadence.dev/mixed")
-    assert pool_row[1:4] == ["4/4", "4", "digits"] and float(pool_row[5]) > 0
-    assert 'cadence_loop_cycles_total{namespace="default",trainingrun="digits"}' in scraped
-    pending = 'cadence_group_pending_trajectories{namespace="default",pool="mixed",'
-    assert f'{pending}rolloutgroup="mixed-h800"}}' in scraped
-    for g in groups:  # what the loop saw, per group
-        assert g["headroomTokens"] > 0 and "pendingTrajectories" in g and "meanContext" in g
-    assert {"Bound", "Succeeded", "Released"} <= {e["reason"] for e in events}
-    assert reconciler.metrics.runs == {}  # a finished run's series went with its loop
-    _rbac_allows_what_the_operator_did(kube)
-    _monitoring_reads_real_metrics(scraped)
-    assert status["tokensPerSecond"] > 0 and 0 < status["latencyP50S"] <= status["latencyP95S"]
-    assert status["tokensPerDollar"] > 0
-    _ledger_is_whole(tmp_path, iterations * 8 * 8)
-
-
-@contextlib.contextmanager
-def mid_run(
-    url: str, local: Local, docs: dict[str, dict[str, Any]], tmp_path: Path, model: Path
-) -> Iterator[Watcher]:
-    """The pool, its processes and the run, with a Watcher polling, once the run has
-    reached version 2; the Watcher is stopped on the way out."""
-    call(url, "POST", f"{NS}/rolloutpools", docs["RolloutPool"])
-    with processes(url, local, docs["TrainingRun"], tmp_path, model):
-        watcher = Watcher(url, local)
-        watcher.start()
-        try:
-            call(url, "POST", f"{NS}/trainingruns", docs["TrainingRun"])
-            eventually(
-                lambda: _run_status(url).get("policyVersion", 0) >= 2,
-                timeout_s=120,
-                what="the run at version 2",
-            )
-            yield watcher
-        finally:
-            watcher.stop.set()
-            watcher.join(timeout=10)
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(600)
-def test_an_operator_restarted_mid_run_rebuilds_and_finishes_it(
-    tmp_path: Path, tiny_model: Path
-) -> None:
-    local, docs = Local(), _docs(6)
-    with emulator() as url:
-        first = operator_thread(url, local.reconciler)
-        first.__enter__()
-        with mid_run(url, local, docs, tmp_path, tiny_model) as watcher:
-            first.__exit__(None, None, None)  # the operator goes, its loop with it
-            with operator_thread(url, local.reconciler):
-                eventually(
-                    lambda: _run_status(url).get("phase") == "Succeeded",
-                    timeout_s=120,
-                    what="the run Succeeded under the new operator",
-                )
-    assert watcher.polls > 20 and watcher.doubles == []
-    _ledger_is_whole(tmp_path, 6 * 8 * 8)
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(600)
-def test_scale_in_mid_run_drains_the_chosen_worker_and_loses_nothing(
-    tmp_path: Path, tiny_model: Path
-) -> None:
-    local, docs = Local(), _docs(6)
-    with (
-        operator_on(local.reconciler) as operated,
-        mid_run(operated.url, local, docs, tmp_path, tiny_model) as watcher,
-    ):
-        url = operated.url
-        call(url, "PATCH", f"{NS}/rolloutgroups/mixed-a910x/scale", {"spec": {"replicas": 1}})
-        eventually(
-            lambda: len(_pods(url, "a910x")) == 1,
-            timeout_s=OPERATOR_S,
-            what="the a910x group scaled in to 1 pod",
-        )
-        (scaled_in,) = eventually(
-            lambda: _events(url, "ScaledIn"), timeout_s=OPERATOR_S, what="a ScaledIn event"
-        )
-        gone = scaled_in["message"].removeprefix("pod ").split()[0]
-        eventually(
-            lambda: gone in watcher.drained,
-            timeout_s=OPERATOR_S,
-            what=f"{gone} drained, as the kubelet would",
-        )
-        drained_mid_run = list(watcher.drained)
-        eventually(
-            lambda: _run_status(url).get("phase") == "Succeeded",
-            timeout_s=120,
-            what="the run Succeeded",
-        )
-        watcher.stop.set()
-        watcher.join(timeout=10)
-        auth = {"Authorization": f"Bearer {local.token}"}
-        states = httpx.get(f"{local.host}/v1/states", headers=auth).json()["states"]
-        scaled = _events(url, "ScaledIn")
-    # One pod went while the run went on (the finished run's pods retire afterwards).
-    assert drained_mid_run == [gone] and gone.startswith("mixed-a910x-") and len(scaled) == 1
-    assert states[gone]["draining"] and not states[gone]["residents"]
-    assert not states[gone]["parked"]  # its work moved to the others
-    assert watcher.doubles == []
-    _ledger_is_whole(tmp_path, 6 * 8 * 8)
 
 
 def _get(url: str, path: str) -> dict[str, Any] | None:
