@@ -439,13 +439,27 @@ def test_kubectl_apply_of_a_misspelt_field_is_refused_not_dropped(
         call(cluster, "GET", f"{DEFAULT}/rolloutpools/mixed")
 
 
-def test_a_run_whose_scheduler_hmin_is_not_a_number_is_refused(cluster: str) -> None:
+@pytest.mark.kubectl
+def test_kubectl_apply_of_a_run_whose_hmin_is_not_a_number_is_refused(
+    cluster: str, tmp_path: Path
+) -> None:
     run = example("TrainingRun")
     run["spec"]["scheduler"]["hMin"] = "lots"
-    with pytest.raises(ApiError) as refused:
-        call(cluster, "POST", f"{DEFAULT}/trainingruns", run)
-    assert refused.value.code == 422
-    assert "spec.scheduler" in str(refused.value)
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump(run))
+    config = write_kubeconfig(tmp_path / "kubeconfig", cluster)
+    done = subprocess.run(
+        ["kubectl", "--kubeconfig", str(config), "apply", "-f", str(tmp_path / "bad.yaml")],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode != 0
+    assert '"digits" is invalid' in done.stderr and "spec.scheduler.hMin" in done.stderr, (
+        done.stderr
+    )
+    with pytest.raises(ApiError) as missing:
+        call(cluster, "GET", f"{DEFAULT}/trainingruns/digits")
+    assert missing.value.code == 404
 
 
 def test_status_is_a_subresource(cluster: str) -> None:
