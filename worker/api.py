@@ -12,14 +12,25 @@ from __future__ import annotations
 
 from typing import Annotated, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from cadence.common.web import Problem
 
 API_VERSION = "v1"
 
 TrajectoryId = Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9._:-]+$")]
-TokenIds = list[Annotated[int, Field(ge=0)]]
+WorkerId = Annotated[str, Field(min_length=1, max_length=200)]
+# Token ids are checked against the model's vocabulary where the model is known (the
+# worker's engine, the trainer); this bound only keeps them machine integers.
+TokenIds = list[Annotated[int, Field(ge=0, lt=2**31)]]
+# Attempts and versions are stored as SQLite integers (64-bit signed) by the trainer.
+Attempt = Annotated[int, Field(ge=0, le=2**63 - 1)]
+Version = Annotated[int, Field(ge=0, le=2**63 - 1)]
+Seconds = Annotated[float, Field(allow_inf_nan=False)]
+# vLLM raises a temperature below this to it ("may cause numerical errors nan or inf");
+# a placement asking for less (but not 0, greedy) is refused instead of changed.
+MIN_TEMPERATURE = 1e-2
+Url = Annotated[str, Field(min_length=1, max_length=2048, pattern=r"^https?://[^\s/?#]+(/\S*)?$")]
 
 
 class _Body(BaseModel):
@@ -29,9 +40,16 @@ class _Body(BaseModel):
 class Sampling(_Body):
     """Sampling parameters for one trajectory; `seed` makes a sampled run repeatable."""
 
-    temperature: float = Field(default=1.0, ge=0.0)
+    temperature: float = Field(default=1.0, ge=0.0, allow_inf_nan=False)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=0, le=2**63 - 1)
+
+    @field_validator("temperature")
+    @classmethod
+    def _greedy_or_above_the_floor(cls, t: float) -> float:
+        if 0.0 < t < MIN_TEMPERATURE:
+            raise ValueError(f"must be 0 (greedy) or at least {MIN_TEMPERATURE}")
+        return t
 
 
 class FreshStart(_Body):
@@ -46,16 +64,16 @@ class FreshStart(_Body):
 class Source(_Body):
     """Where a departed trajectory's state is parked: the worker to pull it from."""
 
-    worker_id: str = Field(min_length=1)
-    url: str = Field(min_length=1)
+    worker_id: WorkerId
+    url: Url
 
 
 class PlaceRequest(_Body):
     """POST /v1/trajectories. Exactly one of `fresh` and `source`."""
 
     id: TrajectoryId
-    attempt: int = Field(ge=0)
-    version: int = Field(ge=0)
+    attempt: Attempt
+    version: Version
     fresh: FreshStart | None = None
     source: Source | None = None
 
@@ -147,16 +165,24 @@ class Turn(_Body):
 
     role: Literal["model", "environment"]
     token_ids: TokenIds
-    logprobs: list[float] | None = None  # per generated token; None for observations
-    version: int | None = None  # the policy version that generated a model turn
+    logprobs: list[Seconds] | None = None  # per generated token; None for observations
+    version: Version | None = None  # the policy version that generated a model turn
+
+    @model_validator(mode="after")
+    def _one_logprob_per_token(self) -> Self:
+        if self.logprobs is not None and len(self.logprobs) != len(self.token_ids):
+            raise ValueError(
+                f"{len(self.logprobs)} logprobs for {len(self.token_ids)} tokens: one per token"
+            )
+        return self
 
 
 class Timings(_Body):
     """Wall-clock seconds since the epoch (comparable across hosts), and durations."""
 
-    admitted_at: float | None = None
-    first_step_at: float | None = None
-    pending_s: float = 0.0  # time spent departed, waiting for a placement
+    admitted_at: Seconds | None = None
+    first_step_at: Seconds | None = None
+    pending_s: Seconds = 0.0  # time spent departed, waiting for a placement
 
 
 class TrajectoryState(_Body):
@@ -184,24 +210,24 @@ class TrajectoryState(_Body):
 class ClaimRequest(_Body):
     """POST /v1/parked/{id}/claim: a destination takes the state under a lease."""
 
-    attempt: int = Field(ge=0)
-    destination: str = Field(min_length=1)
+    attempt: Attempt
+    destination: WorkerId
     lease_s: float = Field(default=30.0, gt=0, le=600)
 
 
 class ReleaseRequest(_Body):
     """POST /v1/parked/{id}/release: the destination has started it; the source frees it."""
 
-    attempt: int = Field(ge=0)
-    destination: str = Field(min_length=1)
+    attempt: Attempt
+    destination: WorkerId
 
 
 class AdvanceRequest(_Body):
     """POST /v1/advance: switch to `version`, loading its weights from `weights_uri` (the
     trainer, a peer worker's /v1/weights/{version}, or a path) and checking `sha256`."""
 
-    version: int = Field(ge=0)
-    weights_uri: str = Field(min_length=1)
+    version: Version
+    weights_uri: str = Field(min_length=1, max_length=2048)
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
 
 
@@ -210,14 +236,14 @@ class Delivery(_Body):
     (id, attempt) is its idempotency key: the trainer accepts each once, and only the
     current attempt of each sample (DESIGN.md, "Fencing")."""
 
-    id: str
-    attempt: int
-    version: int
-    worker_id: str
+    id: TrajectoryId
+    attempt: Attempt
+    version: Version
+    worker_id: WorkerId
     prompt_token_ids: TokenIds
     turns: list[Turn]
     timings: Timings
-    finished_at: float  # wall clock, seconds since the epoch
+    finished_at: Seconds  # wall clock, seconds since the epoch
     sampling: Sampling = Sampling()  # what the logprobs were computed under
     failed: bool = False  # ended without a valid completion (an environment gave up)
 

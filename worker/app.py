@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import Iterable
 
 from fastapi import FastAPI, Response
@@ -31,6 +32,8 @@ from cadence.worker.api import (
     WorkerState,
 )
 from cadence.worker.core import Refused, WorkerCore
+
+log = logging.getLogger("cadence.worker")
 
 
 class _CoreCollector(Collector):
@@ -73,15 +76,33 @@ class _CoreCollector(Collector):
         yield counter("departures", "Trajectories departed from here.", core.counts["departures"])
         yield counter("finished", "Trajectories finished here.", core.counts["finished"])
         yield counter("failed", "Samples ended failed (environment).", core.counts["failed"])
+        yield counter("step_failures", "Engine steps that raised.", core.counts["step_failures"])
         yield counter(
             "tool_calls", "Tool calls sent to the environment.", core.counts["tool_calls"]
         )
 
 
 async def decode_forever(core: WorkerCore, retry_s: float = 0.2) -> None:
+    """Step while anything is resident, deliver, acknowledge hand-offs. A step that
+    raises fails its residents (`WorkerCore.fail_step`) and the loop goes on; if the
+    loop itself dies, the worker says so in `broken` and its health probe fails."""
+    try:
+        await _decode(core, retry_s)
+    except asyncio.CancelledError:
+        raise
+    except BaseException as e:
+        core.broken = f"the decode loop stopped: {e!r}"
+        log.exception("worker %s: the decode loop stopped", core.identity.worker_id)
+        raise
+
+
+async def _decode(core: WorkerCore, retry_s: float) -> None:
     while True:
         if core.resident:
-            await core.step()
+            try:
+                await core.step()
+            except Exception as e:
+                core.fail_step(e)
             await asyncio.sleep(0)  # let requests in between steps
             continue
         if core.outbox is not None and core.outbox.queue:
@@ -142,11 +163,15 @@ def create_app(core: WorkerCore, token: str, *, run_decode_loop: bool = True) ->
         return Response(generate_latest(registry), media_type="text/plain; version=0.0.4")
 
     @app.get("/healthz")
-    async def healthz() -> dict[str, str]:
-        return {"status": "ok"}
+    async def healthz() -> JSONResponse:
+        if core.broken is not None:
+            return web.problem(503, "broken", core.broken)
+        return JSONResponse({"status": "ok"})
 
     @app.get("/readyz")
     async def readyz() -> JSONResponse:
+        if core.broken is not None:
+            return web.problem(503, "broken", core.broken)
         if core.draining:
             return web.problem(503, "draining", "the worker is draining")
         return JSONResponse({"status": "ready"})

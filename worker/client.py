@@ -130,6 +130,12 @@ class Peers:
             return await call(client)
         except WorkerError as e:
             raise Refused(409 if e.status < 500 else 502, e.reason, e.message) from None
+        except (httpx.HTTPError, ValueError) as e:
+            # Unreachable, or not a worker: the placement is refused and the control
+            # loop puts the trajectory back where it is parked.
+            raise Refused(
+                409, "source_unreachable", f"{source.worker_id} at {source.url}: {e!r}"
+            ) from None
         finally:
             await client.aclose()
 

@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import hashlib
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -48,6 +50,8 @@ from cadence.worker.api import (
 from cadence.worker.engine import Clock, Engine, EngineRequest, RoomError
 from cadence.worker.outbox import Outbox
 from cadence.worker.tools import ToolUse
+
+log = logging.getLogger("cadence.worker")
 
 
 class Refused(Exception):
@@ -150,6 +154,7 @@ def _resident_state(request: EngineRequest | None) -> ResidentState:
 
 
 THROUGHPUT_WINDOW_S = 10.0
+MAX_STEP_FAILURES = 3  # failed engine steps in a row before the worker is broken
 
 # Where a version's weights come from: the trainer, a peer, or a path.
 FetchWeights = Callable[[str], Awaitable[bytes]]
@@ -187,6 +192,10 @@ class WorkerCore:
     # Timestamps a sample carries between workers and to the trainer are wall-clock
     # (comparable across hosts); `clock` paces and measures durations on this one.
     wall: Callable[[], float] = time.time
+    # Why this worker cannot decode (its decode loop died, or its engine failed
+    # MAX_STEP_FAILURES steps in a row); its health probe fails so the pod is restarted.
+    broken: str | None = None
+    _failed_steps: int = 0  # in a row
     _waiting: set[asyncio.Task[None]] = field(default_factory=set)  # environment calls
     # (time, tokens decoded so far) after each step, over the last THROUGHPUT_WINDOW_S.
     _progress: collections.deque[tuple[float, int]] = field(default_factory=collections.deque)
@@ -244,11 +253,28 @@ class WorkerCore:
 
     # --- placement ---------------------------------------------------------------------
 
-    def _fence(self, rid: str, attempt: int) -> None:
+    def _check_fence(self, rid: str, attempt: int) -> None:
         seen = self.newest_attempt.get(rid, -1)
         if attempt < seen:
             raise Refused(409, "stale_attempt", f"attempt {attempt} of {rid} is older than {seen}")
+
+    def _fence(self, rid: str, attempt: int) -> None:
+        self._check_fence(rid, attempt)
         self.newest_attempt[rid] = attempt
+
+    def _check_tokens(self, rid: str, ids: list[int]) -> None:
+        """Refuse token ids the model has no embedding for, as vLLM refuses a prompt:
+        decoding them would fail inside the engine's step, for every resident."""
+        vocab = self.engine.vocab_size
+        if vocab is None or not ids:
+            return
+        worst = max(ids)
+        if worst >= vocab:
+            raise Refused(
+                422,
+                "invalid",
+                f"{rid}: token id {worst} is outside the model's vocabulary ({vocab})",
+            )
 
     async def place(self, req: PlaceRequest) -> PlaceResponse:
         """Start a trajectory here: a fresh sample, or a departed one pulled from its source."""
@@ -257,6 +283,8 @@ class WorkerCore:
             return self._placed(held)
         if self.draining:
             raise Refused(409, "draining", f"worker {self.identity.worker_id} is draining")
+        if self.broken is not None:
+            raise Refused(503, "broken", self.broken)
         if self.outbox is not None and self.outbox.full:
             raise Refused(503, "outbox_full", "the trainer is not taking deliveries; retry later")
         if self.version != req.version:
@@ -265,11 +293,17 @@ class WorkerCore:
                 "version",
                 f"{req.id} is for version {req.version}; this worker serves {self.version}",
             )
-        self._fence(req.id, req.attempt)
+        self._check_fence(req.id, req.attempt)
         if held is not None:
             raise Refused(409, "resident", f"{req.id} is resident here under another attempt")
+        placed = await self._place(req)
+        self.newest_attempt[req.id] = max(req.attempt, self.newest_attempt.get(req.id, -1))
+        return placed
+
+    async def _place(self, req: PlaceRequest) -> PlaceResponse:
         if req.fresh is not None:
             f = req.fresh
+            self._check_tokens(req.id, f.prompt_token_ids)
             held = Held(
                 req.id,
                 req.attempt,
@@ -285,19 +319,20 @@ class WorkerCore:
             return self._placed(held)
         assert req.source is not None
         if req.source.worker_id == self.identity.worker_id:
-            held = self.parked.get(req.id)
-            if held is None:
+            parked = self.parked.get(req.id)
+            if parked is None:
                 raise Refused(404, "not_parked", f"{req.id} is not parked here")
-            if held.reason == "environment":
+            if parked.reason == "environment":
                 raise Refused(409, "environment", f"{req.id} is waiting for its environment")
-            held.attempt = req.attempt
-            self._start(held)
+            parked.attempt = req.attempt
+            self._start(parked)
             del self.parked[req.id]
-            return self._placed(held)
+            return self._placed(parked)
         claim = ClaimRequest(attempt=req.attempt, destination=self.identity.worker_id)
         state = await self.claim_from(req.source, req.id, claim)
         if state.version != req.version:
             raise Refused(409, "version", f"{req.id} was generated under version {state.version}")
+        self._check_tokens(req.id, Held.of(state, req.attempt).context_ids)
         held = Held.of(state, req.attempt)
         self._start(held)  # on failure nothing is released: the state stays parked there
         release = ReleaseRequest(attempt=req.attempt, destination=self.identity.worker_id)
@@ -436,13 +471,13 @@ class WorkerCore:
             data = await self.fetch_weights(req.weights_uri)
         except Exception as e:
             raise Refused(502, "fetch", f"cannot fetch {req.weights_uri}: {e}") from None
-        digest = hashlib.sha256(data).hexdigest()
+        digest = await asyncio.to_thread(lambda: hashlib.sha256(data).hexdigest())
         if digest != req.sha256:
-            raise Refused(409, "checksum", f"the weights' sha256 is {digest}, not {req.sha256}")
+            raise Refused(409, "checksum", f"the weights at {req.weights_uri} are not {req.sha256}")
         self.weights_dir.mkdir(parents=True, exist_ok=True)
         path = self.weights_dir / f"v{req.version}.safetensors"
         partial = path.with_suffix(".partial")
-        partial.write_bytes(data)
+        await asyncio.to_thread(partial.write_bytes, data)
         partial.replace(path)
         try:
             await self.engine.load_weights(path)
@@ -473,6 +508,7 @@ class WorkerCore:
         """One engine step; trajectories that wrote a tool call leave for their
         environment, finished ones for the outbox."""
         finished = await self.engine.step()
+        self._failed_steps = 0
         now = self.clock.now()
         self._progress.append((now, self.engine.decoded_tokens))
         while self._progress and self._progress[0][0] < now - THROUGHPUT_WINDOW_S:
@@ -489,6 +525,28 @@ class WorkerCore:
         if self.outbox is not None:
             await self.outbox.flush()
         return done
+
+    def fail_step(self, error: BaseException) -> list[str]:
+        """The engine's step raised: its residents' state there is unknown, so each is
+        dropped (aborted, forgotten); the control loop finds them on no worker and
+        re-queues them from their prompts. After MAX_STEP_FAILURES failed steps in a
+        row the engine is taken for broken. Returns the dropped ids."""
+        dropped = list(self.resident)
+        for rid in dropped:
+            del self.resident[rid]
+            with contextlib.suppress(Exception):
+                self.engine.abort(rid)
+        self.counts["step_failures"] += 1
+        self._failed_steps += 1
+        log.error(
+            "worker %s: a decode step failed (%r); dropped %s for re-queueing",
+            self.identity.worker_id,
+            error,
+            ", ".join(dropped) or "nothing",
+        )
+        if self._failed_steps >= MAX_STEP_FAILURES:
+            self.broken = f"the engine failed {self._failed_steps} steps in a row: {error!r}"
+        return dropped
 
     def throughput(self) -> float:
         """Tokens decoded per second over the last THROUGHPUT_WINDOW_S of steps."""

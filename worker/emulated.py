@@ -43,6 +43,9 @@ class TokenSource(Protocol):
 
     def load_weights(self, path: Path) -> None: ...
 
+    @property
+    def vocab_size(self) -> int | None: ...  # token ids it can read, if it knows
+
 
 @dataclass
 class Pacer:
@@ -135,6 +138,10 @@ class EmulatedEngine:
     @property
     def capacity_tokens(self) -> int:
         return self.deployment.kv_capacity_tokens
+
+    @property
+    def vocab_size(self) -> int | None:
+        return self.source.vocab_size
 
     @property
     def max_seqs(self) -> int:

@@ -96,6 +96,9 @@ class Engine(Protocol):
     @property
     def step_cost(self) -> StepCostInfo | None: ...  # its decode and prefill costs, if known
 
+    @property
+    def vocab_size(self) -> int | None: ...  # token ids the model embeds, if known
+
     def used_tokens(self) -> int: ...
 
     def add(self, request: EngineRequest) -> None: ...

@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from fastapi import FastAPI
+from fastapi.responses import JSONResponse
 
 from cadence.common import web
 from cadence.common.web import Problem
@@ -46,8 +47,11 @@ def create_host_app(cores: dict[str, WorkerCore], token: str) -> FastAPI:
     guarded = web.install(host, token)
 
     @host.get("/healthz")
-    async def healthz() -> dict[str, object]:
-        return {"status": "ok", "workers": sorted(cores)}
+    async def healthz() -> JSONResponse:
+        broken = [f"{wid}: {core.broken}" for wid, core in cores.items() if core.broken]
+        if broken:
+            return web.problem(503, "broken", "; ".join(broken))
+        return JSONResponse({"status": "ok", "workers": sorted(cores)})
 
     @host.get("/v1/states", dependencies=guarded)
     async def states() -> HostStates:

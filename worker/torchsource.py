@@ -62,6 +62,7 @@ class TorchTokenSource:
         forward = inspect.signature(self.model.forward).parameters
         self._cache_arg = "cache" if "cache" in forward else "past_key_values"
         self.eos_token_id: int | None = self.model.config.eos_token_id
+        self.vocab_size: int | None = int(self.model.config.vocab_size)
         self._cache: dict[str, tuple[int, Any]] = {}  # id -> (tokens in cache, past)
 
     def forget(self, rid: str) -> None:

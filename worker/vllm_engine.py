@@ -49,6 +49,7 @@ class VllmEngine:
         blocks = llm.vllm_config.cache_config.num_gpu_blocks
         self._capacity = int(blocks) * block_size
         self.max_seqs = int(llm.vllm_config.scheduler_config.max_num_seqs)
+        self.vocab_size: int | None = int(llm.vllm_config.model_config.get_vocab_size())
         self.step_cost: StepCostInfo | None = None  # no roofline for this device here
         self.requests: dict[str, EngineRequest] = {}
         self.decoded_tokens = 0

@@ -43,6 +43,8 @@ class CountingSource:
     """Greedy and deterministic: the next token is a function of the whole context, so a
     resumed trajectory continues exactly as an uninterrupted one would."""
 
+    vocab_size: int | None = None  # the tests' token ids are their own
+
     def next_tokens(self, batch: Sequence[EngineRequest]) -> list[Sampled]:
         out = []
         for request in batch:

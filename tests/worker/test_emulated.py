@@ -72,6 +72,8 @@ def test_compression_must_be_positive() -> None:
 class CountingSource:
     """A token source for engine tests: the next token is the context length, mod 1000."""
 
+    vocab_size: int | None = None  # the tests' token ids are their own
+
     def next_tokens(self, batch: Sequence[EngineRequest]) -> list[Sampled]:
         return [Sampled(len(r.token_ids) % 1000, -0.5) for r in batch]
 

@@ -37,6 +37,8 @@ class ScriptedSource:
     def __init__(self, replies: Sequence[str]) -> None:
         self.replies = replies
 
+    vocab_size: int | None = None  # the tests' token ids are their own
+
     def next_tokens(self, batch: Sequence[EngineRequest]) -> list[Sampled]:
         out = []
         for request in batch:
