@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Iterable
 
 from fastapi import FastAPI, Response
-from fastapi.responses import FileResponse
+from fastapi.responses import FileResponse, JSONResponse
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -38,7 +39,7 @@ from cadence.trainer.api import (
     SubmitRequest,
     VersionInfo,
 )
-from cadence.trainer.ledger import IN_FLIGHT, LedgerError
+from cadence.trainer.ledger import IN_FLIGHT, LedgerError, UnknownSample
 from cadence.trainer.trainer import Trainer
 from cadence.worker.api import Delivery
 
@@ -63,10 +64,19 @@ class _TrainerCollector(Collector):
         yield s
 
 
-async def _train_forever(trainer: Trainer) -> None:
+async def _train_forever(trainer: Trainer, retry_s: float = 5.0) -> None:
+    """Train each batch as it completes. An update that fails is logged and tried again
+    after `retry_s` (the trainer's health says why meanwhile); the task never dies."""
     while True:
         if trainer.ready():
-            stats = await asyncio.to_thread(trainer.train_next)
+            try:
+                stats = await asyncio.to_thread(trainer.train_next)
+            except Exception:
+                log.exception("training batch %d failed", trainer.ledger.consumed_batches)
+                trainer.broken = trainer.broken or "training failed; see the trainer's log"
+                await asyncio.sleep(retry_s)
+                continue
+            trainer.broken = None
             if stats is not None:
                 log.info("published version %d: %s", trainer.ledger.version, stats)
             continue
@@ -83,7 +93,9 @@ def create_app(trainer: Trainer, token: str, *, train: bool = True) -> FastAPI:
 
     @app.post("/v1/trajectories", dependencies=guarded)
     async def ingest(body: Delivery) -> IngestResponse:
-        result, reward = trainer.ingest(body)
+        result, reward, why = trainer.ingest(body)
+        if result == "invalid":
+            raise web.Refusal(422, "invalid_delivery", why)
         if result == "unknown":
             raise web.Refusal(404, "unknown", f"sample {body.id} was never admitted")
         if result == "stale":
@@ -134,21 +146,30 @@ def create_app(trainer: Trainer, token: str, *, train: bool = True) -> FastAPI:
                 taken = trainer.ledger.record(
                     sid, body.attempt, body.state, worker=body.worker, version=body.version
                 )
-            except LedgerError as e:
+            except UnknownSample as e:
                 raise web.Refusal(404, "unknown", str(e)) from None
+            except LedgerError as e:
+                raise web.Refusal(422, "invalid", str(e)) from None
         return {"recorded": taken}
 
     @app.post("/v1/samples/record", dependencies=guarded)
     async def record_many(body: RecordMany) -> dict[str, int]:
         rows = [(r.id, r.attempt, r.state, r.worker, r.version) for r in body.records]
         with trainer.lock:
-            return {"recorded": trainer.ledger.record_many(rows)}
+            try:
+                return {"recorded": trainer.ledger.record_many(rows)}
+            except UnknownSample as e:
+                raise web.Refusal(404, "unknown", str(e)) from None
+            except LedgerError as e:
+                raise web.Refusal(422, "invalid", str(e)) from None
 
     @app.post("/v1/samples/{sid}/requeue", dependencies=guarded)
     async def requeue(sid: str) -> RequeueResponse:
         with trainer.lock:
             try:
-                return RequeueResponse(attempt=trainer.ledger.requeue(sid))
+                return RequeueResponse(attempt=trainer.ledger.requeue(sid, time.time()))
+            except UnknownSample as e:
+                raise web.Refusal(404, "unknown", str(e)) from None
             except LedgerError as e:
                 raise web.Refusal(409, "finished", str(e)) from None
 
@@ -186,6 +207,8 @@ def create_app(trainer: Trainer, token: str, *, train: bool = True) -> FastAPI:
 
     @app.get("/v1/batches/{u}", dependencies=guarded)
     async def batch(u: int) -> Batch:
+        if not 0 <= u < config.iterations:
+            raise web.Refusal(404, "no_batch", f"batches are 0 to {config.iterations - 1}")
         with trainer.lock:
             if not trainer.ledger.batch_complete(u) and trainer.ledger.consumed_batches <= u:
                 raise web.Refusal(409, "incomplete", f"batch {u} is not complete yet")
@@ -237,7 +260,9 @@ def create_app(trainer: Trainer, token: str, *, train: bool = True) -> FastAPI:
         return Response(generate_latest(registry), media_type="text/plain; version=0.0.4")
 
     @app.get("/healthz")
-    async def healthz() -> dict[str, str]:
-        return {"status": "ok"}
+    async def healthz() -> JSONResponse:
+        if trainer.broken is not None:
+            return web.problem(503, "cannot_train", trainer.broken)
+        return JSONResponse({"status": "ok"})
 
     return app

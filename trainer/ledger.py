@@ -24,11 +24,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from cadence.worker.api import Delivery
+from cadence.worker.api import Delivery, Timings
 
 SampleState = Literal["fresh", "placed", "parked", "environment", "delivered", "consumed"]
 IN_FLIGHT: tuple[SampleState, ...] = ("placed", "parked", "environment")
-Accepted = Literal["accepted", "duplicate", "stale", "unknown"]
+Accepted = Literal["accepted", "duplicate", "stale", "unknown", "invalid"]
+# A sample re-queued this many times (its worker lost, its placement refused, its step
+# failed, its delivery refused) ends failed instead: masked in training, never placed
+# again, so an input no worker can decode cannot cycle for ever.
+MAX_REQUEUES = 8
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -47,7 +51,8 @@ CREATE TABLE IF NOT EXISTS samples (
     version INTEGER,               -- bound when it first starts decoding
     reward REAL,
     failed INTEGER NOT NULL DEFAULT 0,
-    delivery TEXT                  -- the accepted Delivery, JSON
+    delivery TEXT,                 -- the accepted Delivery, JSON
+    requeues INTEGER NOT NULL DEFAULT 0  -- times re-queued from its prompt
 );
 CREATE TABLE IF NOT EXISTS submitted (  -- prompts an external trainer sent, in order
     seq INTEGER PRIMARY KEY,
@@ -59,7 +64,7 @@ CREATE TABLE IF NOT EXISTS arrivals (  -- every delivery that reached the traine
     seq INTEGER PRIMARY KEY,
     id TEXT NOT NULL,
     attempt INTEGER NOT NULL,
-    outcome TEXT NOT NULL,         -- accepted, duplicate, stale, unknown
+    outcome TEXT NOT NULL,         -- accepted, duplicate, stale, unknown, invalid
     tokens INTEGER NOT NULL,       -- tokens the model generated
     finished_at REAL NOT NULL,     -- wall clock, seconds
     latency_s REAL                 -- first decoding step to finish
@@ -71,6 +76,10 @@ CREATE INDEX IF NOT EXISTS samples_by_state ON samples (state, worker);
 
 class LedgerError(ValueError):
     """A request the ledger's rules forbid; the message is one sentence."""
+
+
+class UnknownSample(LedgerError):
+    """No sample by that id was ever admitted."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +111,9 @@ class Ledger:
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=FULL")
         self.db.executescript(_SCHEMA)
+        columns = {str(r[1]) for r in self.db.execute("PRAGMA table_info(samples)")}
+        if "requeues" not in columns:  # a ledger written before the column existed
+            self.db.execute("ALTER TABLE samples ADD COLUMN requeues INTEGER NOT NULL DEFAULT 0")
         shape = {"group_size": str(group_size), "batch_groups": str(batch_groups)}
         with self._tx():
             for key, value in shape.items():
@@ -210,7 +222,7 @@ class Ledger:
             (sid,),
         ).fetchone()
         if row is None:
-            raise LedgerError(f"sample {sid} was never admitted")
+            raise UnknownSample(f"sample {sid} was never admitted")
         return _sample(row)
 
     def samples(self, *states: SampleState) -> list[Sample]:
@@ -246,6 +258,8 @@ class Ledger:
                 raise LedgerError(f"record() takes an in-flight state, not {r[2]!r}")
         taken = 0
         with self._tx():
+            for r in records:
+                self.sample(r[0])  # an unknown id refuses the whole call
             for sid, attempt, state, worker, version in records:
                 cur = self.db.execute(
                     "UPDATE samples SET state = ?, worker = ?, version = COALESCE(version, ?), "
@@ -256,19 +270,65 @@ class Ledger:
                 taken += cur.rowcount
         return taken
 
-    def requeue(self, sid: str) -> int:
+    def requeue(self, sid: str, now: float = 0.0) -> int:
         """Back to fresh and unbound under the next attempt (its partial output is gone);
-        returns the new attempt. A delivered or consumed sample is not re-queued."""
+        returns the new attempt. A delivered or consumed sample is not re-queued. The
+        MAX_REQUEUES-th re-queue ends the sample instead: delivered, failed, empty."""
         with self._tx():
             s = self.sample(sid)
             if s.state in ("delivered", "consumed"):
                 raise LedgerError(f"sample {sid} is {s.state}; it is not re-queued")
+            row = self.db.execute("SELECT requeues FROM samples WHERE id = ?", (sid,)).fetchone()
+            if int(row[0]) + 1 >= MAX_REQUEUES:
+                self._end_failed(s, now)
+                return s.attempt + 1
             self.db.execute(
                 "UPDATE samples SET state = 'fresh', worker = NULL, version = NULL, "
-                "attempt = attempt + 1 WHERE id = ?",
+                "attempt = attempt + 1, requeues = requeues + 1 WHERE id = ?",
                 (sid,),
             )
         return s.attempt + 1
+
+    def _end_failed(self, s: Sample, now: float) -> None:
+        version = s.version if s.version is not None else self._int("version")
+        ended = Delivery(
+            id=s.id,
+            attempt=s.attempt + 1,
+            version=version,
+            worker_id="ledger",
+            prompt_token_ids=self.group(s.group).prompt,
+            turns=[],
+            timings=Timings(),
+            finished_at=now,
+            failed=True,
+        )
+        self.db.execute(
+            "UPDATE samples SET state = 'delivered', worker = NULL, version = ?, reward = 0, "
+            "failed = 1, attempt = ?, requeues = requeues + 1, delivery = ? WHERE id = ?",
+            (version, s.attempt + 1, ended.model_dump_json(), s.id),
+        )
+
+    def refuse(self, delivery: Delivery) -> None:
+        """Log an arrival the trainer refused as invalid (it is not delivered)."""
+        with self._tx():
+            self.db.execute(
+                "INSERT INTO arrivals (id, attempt, outcome, tokens, finished_at, latency_s) "
+                "VALUES (?, ?, 'invalid', ?, ?, NULL)",
+                (
+                    delivery.id,
+                    delivery.attempt,
+                    sum(len(t.token_ids) for t in delivery.turns if t.role == "model"),
+                    delivery.finished_at,
+                ),
+            )
+
+    def mark_failed(self, ids: Sequence[str]) -> None:
+        """Delivered samples that cannot be trained on: masked from now on (reward 0)."""
+        with self._tx():
+            self.db.executemany(
+                "UPDATE samples SET failed = 1, reward = 0 WHERE id = ? AND state = 'delivered'",
+                [(i,) for i in ids],
+            )
 
     def deliver(self, delivery: Delivery, reward: float) -> Accepted:
         """Accept a finished sample from its current attempt, once. Every arrival is
@@ -358,7 +418,10 @@ class Ledger:
         for r in rows:
             if r[9] is None:
                 raise LedgerError(f"sample {r[0]} of batch {u} has not been delivered")
-            out.append((_sample(r[:9]), Delivery.model_validate_json(r[9])))
+            sample, delivery = _sample(r[:9]), Delivery.model_validate_json(r[9])
+            if sample.failed and not delivery.failed:  # marked failed after it arrived
+                delivery = delivery.model_copy(update={"failed": True})
+            out.append((sample, delivery))
         return out
 
     def consume(self, u: int, published: int, stats: str = "{}") -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import threading
 import time
 from pathlib import Path
@@ -25,7 +26,14 @@ from transformers import AutoModelForCausalLM
 
 from cadence.common.vocabulary import Vocabulary
 from cadence.trainer.config import TrainerConfig
-from cadence.trainer.grpo import Scored, UpdateConfig, UpdateStats, update
+from cadence.trainer.grpo import (
+    Scored,
+    UpdateConfig,
+    UpdateStats,
+    sequence,
+    token_logprobs,
+    update,
+)
 from cadence.trainer.ledger import Accepted, Group, Ledger, LedgerError
 from cadence.trainer.task import TASKS
 from cadence.trainer.weights import WeightStore, load_optimizer, save_optimizer
@@ -49,7 +57,10 @@ class Trainer:
         self.model: Any = model.eval()
         torch.manual_seed(config.seed)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=config.learning_rate)
+        self.vocab_size = int(self.model.config.vocab_size)
         self.lock = threading.Lock()  # the ledger's connection is used from two threads
+        # Why the last update failed, until one succeeds: the trainer's health says so.
+        self.broken: str | None = None
         version = self.ledger.version
         if version == 0:
             self.store.publish(self.model, 0)
@@ -108,14 +119,38 @@ class Trainer:
         )
         return self.task.score(text, answer)
 
-    def ingest(self, delivery: Delivery) -> tuple[Accepted, float | None]:
+    def ingest(self, delivery: Delivery) -> tuple[Accepted, float | None, str]:
+        """(outcome, reward, why): `why` says what is wrong with an invalid delivery."""
         with self.lock:
             try:
                 sample = self.ledger.sample(delivery.id)
             except ValueError:
-                return "unknown", None
-            reward = self.reward(delivery, self.ledger.group(sample.group).answer)
-            return self.ledger.deliver(delivery, reward), reward
+                return "unknown", None, ""
+            group = self.ledger.group(sample.group)
+            ended = sample.state in ("delivered", "consumed")
+            # Only what would be accepted is checked; stale and repeated ones say so.
+            why = (
+                self.invalid(delivery, group)
+                if sample.attempt == delivery.attempt and not ended
+                else ""
+            )
+            if why:
+                self.ledger.refuse(delivery)
+                return "invalid", None, why
+            reward = self.reward(delivery, group.answer)
+            return self.ledger.deliver(delivery, reward), reward, ""
+
+    def invalid(self, delivery: Delivery, group: Group) -> str:
+        """Why this delivery cannot be trained on (empty if it can): it must carry the
+        admitted prompt, and token ids the model embeds. (Finite logprobs, one per
+        generated token, the API's models check.)"""
+        if delivery.prompt_token_ids != group.prompt:
+            return f"{delivery.id}: the prompt is not the one admitted for group {group.index}"
+        vocab = self.vocab_size
+        worst = max((t for turn in delivery.turns for t in turn.token_ids), default=-1)
+        if worst >= vocab:
+            return f"{delivery.id}: token id {worst} is outside the model's vocabulary ({vocab})"
+        return ""
 
     # --- training -----------------------------------------------------------------------
 
@@ -139,7 +174,7 @@ class Trainer:
             advantages=self.config.advantages,
         )
         started = time.perf_counter()
-        stats = update(self.model, self.optimizer, batch, config, version=u)
+        stats = self._update(u, batch, config)
         self.store.publish(self.model, u + 1)
         save_optimizer(self.optimizer, self.model, self._optimizer_path(u + 1))
         # The update's wall time (train, publish, save) goes with its statistics: the
@@ -151,6 +186,49 @@ class Trainer:
             for old in range(u + 1):
                 self._optimizer_path(old).unlink(missing_ok=True)
         return stats
+
+    def _update(self, u: int, batch: list[Scored], config: UpdateConfig) -> UpdateStats:
+        """Train batch `u`. If the update fails (raises, or its loss is not finite), the
+        model and optimizer go back to version `u`, the samples the model cannot score
+        are marked failed (masked), and the update runs once more without them; if that
+        fails too, `broken` says why and the error goes up."""
+        try:
+            return _finite(update(self.model, self.optimizer, batch, config, version=u))
+        except Exception as first:
+            self._restore(u)
+            bad = [s.delivery.id for s in batch if not s.delivery.failed and not self._scores(s)]
+            if not bad:
+                self.broken = f"update {u} failed: {first!r}"
+                raise
+            with self.lock:
+                self.ledger.mark_failed(bad)
+                batch = [Scored(s.group, d, s.reward or 0.0) for s, d in self.ledger.deliveries(u)]
+        try:
+            return _finite(update(self.model, self.optimizer, batch, config, version=u))
+        except Exception as second:
+            self._restore(u)
+            self.broken = f"update {u} failed without its {len(bad)} bad samples: {second!r}"
+            raise
+
+    def _restore(self, version: int) -> None:
+        """The model and optimizer as version `version` left them (on disk)."""
+        self.store.load_into(self.model, version)
+        if version > 0:
+            load_optimizer(self.optimizer, self.model, self._optimizer_path(version))
+        else:
+            self.optimizer = torch.optim.AdamW(
+                self.model.parameters(), lr=self.config.learning_rate
+            )
+
+    @torch.no_grad()
+    def _scores(self, s: Scored) -> bool:
+        """Whether the model gives finite logprobs for this sample's tokens."""
+        ids, _ = sequence(s.delivery)
+        try:
+            scored = token_logprobs(self.model, ids, s.delivery.sampling.temperature)
+        except Exception:
+            return False
+        return bool(torch.isfinite(scored).all())
 
     def publish_external(self, version: int, data: bytes, sha256: str) -> None:
         """An external trainer's update of batch `version - 1`: its weights (checked, loaded
@@ -177,3 +255,10 @@ class Trainer:
         """Mean reward of the samples each version generated, oldest first."""
         with self.lock:
             return self.ledger.reward_by_version()
+
+
+def _finite(stats: UpdateStats) -> UpdateStats:
+    """An update whose loss came out NaN or infinite has spoilt the weights."""
+    if not math.isfinite(stats.loss):
+        raise FloatingPointError(f"the update's loss is {stats.loss}")
+    return stats

@@ -33,6 +33,7 @@ from cadence.worker.api import (
     WorkerState,
 )
 from cadence.worker.core import Refused
+from cadence.worker.outbox import Rejected
 
 
 class WorkerError(ServiceError):
@@ -140,6 +141,11 @@ class Peers:
             await client.aclose()
 
 
+# What the trainer answers a delivery it will never take: never admitted, not the
+# current attempt, not trainable, too large. Anything else is retried.
+FINAL_REFUSALS = frozenset({404, 409, 413, 422})
+
+
 class TrainerSender:
     """Delivers finished trajectories to the trainer's ingest endpoint, keyed for
     idempotency; anything but success raises, so the outbox keeps and retries it."""
@@ -160,4 +166,6 @@ class TrainerSender:
             content=delivery.model_dump_json(),
             headers={"content-type": "application/json", "idempotency-key": delivery.key},
         )
+        if response.status_code in FINAL_REFUSALS:
+            raise Rejected(f"{response.status_code} {response.text[:300]}")
         response.raise_for_status()

@@ -1,6 +1,7 @@
 """Finished trajectories on their way to the trainer: kept until the trainer has them.
 
-A delivery leaves the outbox only after the trainer acknowledged it; a failure keeps it
+A delivery leaves the outbox only after the trainer acknowledged it, or answered that it
+never will (`Rejected`: stale, invalid); any other failure keeps it
 (and everything behind it, so order holds) and retries after a backoff that doubles up to
 a ceiling. Nothing is dropped: when the outbox holds `capacity` deliveries the worker
 refuses new placements instead (`full`), so a long trainer outage backs work up into the
@@ -11,13 +12,23 @@ pending pool rather than into memory or the void. The trainer deduplicates by
 from __future__ import annotations
 
 import collections
+import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from cadence.worker.api import Delivery
 from cadence.worker.engine import Clock
 
+log = logging.getLogger("cadence.worker")
+
 Send = Callable[[Delivery], Awaitable[None]]
+
+
+class Rejected(Exception):
+    """The trainer answered that it will never take this delivery (not the current
+    attempt, not trainable): the outbox drops it, counted, instead of retrying it for
+    ever in front of everything behind it. No worker holds the sample any more, so the
+    control loop re-queues it if the ledger still expects it."""
 
 
 @dataclass
@@ -30,6 +41,7 @@ class Outbox:
     queue: collections.deque[Delivery] = field(default_factory=collections.deque)
     delivered: int = 0
     failures: int = 0
+    rejected: int = 0
     _retry_at: float = 0.0
     _backoff: float = 0.0
 
@@ -49,6 +61,11 @@ class Outbox:
         while self.queue:
             try:
                 await self.send(self.queue[0])
+            except Rejected as e:
+                log.warning("the trainer refused %s for good: %s", self.queue[0].key, e)
+                self.queue.popleft()
+                self.rejected += 1
+                continue
             except Exception:
                 self.failures += 1
                 self._backoff = min(self.max_backoff_s, max(self.backoff_s, 2 * self._backoff))

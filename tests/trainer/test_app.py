@@ -55,7 +55,9 @@ def test_a_delivery_counts_once_and_only_from_the_current_attempt(trainer: Train
     old = delivery("g0-s0", attempt=0).model_dump(mode="json")
     r = _call(trainer, "POST", "/v1/trajectories", json=old, headers=AUTH)
     assert r.status_code == 409 and r.json()["reason"] == "stale_attempt"
-    current = delivery("g0-s0", attempt=1).model_dump(mode="json")
+    current = delivery("g0-s0", attempt=1, prompt=trainer.ledger.group(0).prompt).model_dump(
+        mode="json"
+    )
     first = _call(trainer, "POST", "/v1/trajectories", json=current, headers=AUTH)
     again = _call(trainer, "POST", "/v1/trajectories", json=current, headers=AUTH)
     assert first.json()["result"] == "accepted" and again.json()["result"] == "duplicate"

@@ -8,7 +8,7 @@ import pytest
 
 from cadence.worker.api import Delivery, Timings
 from cadence.worker.core import Refused
-from cadence.worker.outbox import Outbox
+from cadence.worker.outbox import Outbox, Rejected
 
 from .factories import FakeClock, Pool, fresh
 
@@ -83,3 +83,32 @@ def test_backoff_doubles_up_to_its_ceiling() -> None:
         waits.append(box._retry_at - before)
         clock.t = box._retry_at
     assert waits == [1.0, 2.0, 4.0, 4.0, 4.0]
+
+
+def test_a_delivery_the_trainer_refuses_for_good_is_dropped_not_retried_ahead_of_the_rest() -> None:
+    """A stale or invalid delivery used to be retried for ever at the head of the queue,
+    so nothing behind it reached the trainer again."""
+    clock = FakeClock()
+    accepted: list[str] = []
+
+    async def trainer(delivery: Delivery) -> None:
+        if delivery.id == "stale":
+            raise Rejected("409 attempt 0 of stale is not current")
+        accepted.append(delivery.id)
+
+    outbox = Outbox(trainer, clock)
+    for rid in ("stale", "next"):
+        outbox.put(
+            Delivery(
+                id=rid,
+                attempt=0,
+                version=0,
+                worker_id="a",
+                prompt_token_ids=[1],
+                turns=[],
+                timings=Timings(),
+                finished_at=0.0,
+            )
+        )
+    assert asyncio.run(outbox.flush()) == 1
+    assert accepted == ["next"] and not outbox.queue and outbox.rejected == 1
