@@ -20,8 +20,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from cadence.common import web
+from cadence.common.sources import SourceRefused, WeightsSource
 from cadence.common.stats import percentile
-from cadence.common.web import fetch
 from cadence.trainer.api import (
     AdmitRequest,
     AdmitResponse,
@@ -222,8 +222,11 @@ def create_app(trainer: Trainer, token: str, *, train: bool = True) -> FastAPI:
     async def publish(body: PublishRequest) -> VersionInfo:
         if not trainer.external:
             raise web.Refusal(409, "not_external", "this trainer publishes its own versions")
+        source = WeightsSource(None, directory=config.publish_from)
         try:
-            data = await fetch(body.weights_uri, token)
+            data = await source.read(body.weights_uri)
+        except SourceRefused as e:
+            raise web.Refusal(403, "weights_source", str(e)) from None
         except Exception as e:
             raise web.Refusal(502, "fetch", f"cannot fetch {body.weights_uri}: {e}") from None
         try:

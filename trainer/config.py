@@ -30,3 +30,6 @@ class TrainerConfig(BaseModel):
     max_tokens: int = Field(default=12, ge=1)
     temperature: float = Field(default=1.0, ge=0.0)
     seed: int = 0
+    # Where an external trainer leaves the weights it publishes by path (a volume both
+    # see); None: it publishes by http(s) URL only. No other path is read.
+    publish_from: Path | None = None

@@ -233,9 +233,8 @@ class Trainer:
     def publish_external(self, version: int, data: bytes, sha256: str) -> None:
         """An external trainer's update of batch `version - 1`: its weights (checked, loaded
         to prove they fit the model) become `version`, and the batch is consumed."""
-        digest = hashlib.sha256(data).hexdigest()
-        if digest != sha256:
-            raise LedgerError(f"the weights' sha256 is {digest}, not {sha256}")
+        if hashlib.sha256(data).hexdigest() != sha256:
+            raise LedgerError(f"the weights' sha256 is not {sha256}")
         with self.lock:
             u = self.ledger.consumed_batches
             if version != u + 1:

@@ -12,6 +12,7 @@ from typing import Any
 import httpx
 from pydantic import TypeAdapter
 
+from cadence.common.sources import Destinations, SourceRefused
 from cadence.common.web import ServiceClient, ServiceError
 from cadence.worker.api import (
     AdvanceRequest,
@@ -114,9 +115,15 @@ class Peers:
     """How a worker reaches the worker a trajectory is parked on: over HTTP with the
     pool's token. A peer's refusal becomes this worker's refusal, with its reason."""
 
-    def __init__(self, token: str, transport: httpx.AsyncBaseTransport | None = None) -> None:
+    def __init__(
+        self,
+        token: str,
+        transport: httpx.AsyncBaseTransport | None = None,
+        destinations: Destinations | None = None,
+    ) -> None:
         self.token = token
         self.transport = transport
+        self.destinations = destinations or Destinations()
 
     async def claim(self, source: Source, rid: str, req: ClaimRequest) -> TrajectoryState:
         state: TrajectoryState = await self._at(source, lambda c: c.claim(rid, req))
@@ -126,6 +133,10 @@ class Peers:
         await self._at(source, lambda c: c.release(rid, req))
 
     async def _at(self, source: Source, call: Callable[[WorkerClient], Awaitable[Any]]) -> Any:
+        try:
+            await self.destinations.check(source.url)
+        except SourceRefused as e:  # the token goes to the pool's peers only
+            raise Refused(409, "source_refused", f"{source.worker_id}: {e}") from None
         client = WorkerClient(source.url, self.token, transport=self.transport)
         try:
             return await call(client)

@@ -4,6 +4,7 @@ admission under the staleness bound, and bad input refused with a sentence."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -92,7 +93,9 @@ def test_publishing_and_prompts_are_refused_outside_external_mode_or_with_a_bad_
     assert r.status_code == 409 and r.json()["reason"] == "not_external"
 
     external = Trainer(
-        trainer.config.model_copy(update={"task": "external", "state_dir": tmp_path / "ext"})
+        trainer.config.model_copy(
+            update={"task": "external", "state_dir": tmp_path / "ext", "publish_from": tiny_model}
+        )
     )
     r = _call(
         external,
@@ -104,5 +107,12 @@ def test_publishing_and_prompts_are_refused_outside_external_mode_or_with_a_bad_
     assert r.status_code == 422  # exactly one of text and token ids
     r = _call(external, "POST", "/v1/publish", json=body, headers=AUTH)
     assert r.status_code == 409 and "sha256" in r.json()["error"]  # and nothing published
+    digest = hashlib.sha256((tiny_model / "model.safetensors").read_bytes()).hexdigest()
+    assert digest not in r.json()["error"]  # no oracle of a file's contents
     assert external.ledger.version == 0 and not external.store.has(1)
+    for outside in ("/etc/passwd", str(tiny_model / ".." / "x"), "http://169.254.169.254/w"):
+        r = _call(
+            external, "POST", "/v1/publish", json=body | {"weights_uri": outside}, headers=AUTH
+        )
+        assert r.status_code == 403 and r.json()["reason"] == "weights_source", outside
     external.ledger.close()

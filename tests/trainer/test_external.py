@@ -36,6 +36,7 @@ def test_an_external_trainer_drives_the_pool_through_the_client(
         batch_groups=2,
         iterations=2,
         eta=0,
+        publish_from=tmp_path,  # where this "external trainer" leaves its weights
     )
     trainer = Trainer(config)
 

@@ -9,6 +9,7 @@ import json
 import httpx
 import pytest
 
+from cadence.common.sources import Destinations
 from cadence.common.web import MAX_BODY_BYTES
 from cadence.worker.api import Source
 from cadence.worker.app import create_app
@@ -32,7 +33,7 @@ class Router(httpx.AsyncBaseTransport):
 
 
 def _worker(router: Router, wid: str, clock: FakeClock) -> WorkerCore:
-    peers = Peers(TOKEN, transport=router)
+    peers = Peers(TOKEN, router, Destinations(hosts=router.apps.keys()))
     engine = EmulatedEngine(deployment(capacity=100_000), CountingSource(), clock=clock)
     core = WorkerCore(Identity(wid, "H800", 2), engine, clock, peers.claim, peers.release, 0)
     router.apps[wid] = httpx.ASGITransport(app=create_app(core, TOKEN, run_decode_loop=False))

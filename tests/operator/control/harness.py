@@ -12,6 +12,7 @@ from pathlib import Path
 
 import httpx
 
+from cadence.common.sources import Destinations
 from cadence.operator.control.loop import ControlLoop, LoopConfig
 from cadence.operator.scheduler.cadence import CadencePolicy
 from cadence.operator.scheduler.snapshot import Knobs
@@ -71,7 +72,7 @@ class LocalPool:
         self.router.add("trainer", trainer_app(self.trainer, TOKEN, train=False))
 
     def add_worker(self, wid: str, capacity: int = 100_000) -> WorkerCore:
-        peers = Peers(TOKEN, transport=self.router)
+        peers = Peers(TOKEN, self.router, Destinations(hosts=self.router.apps.keys()))
         core = WorkerCore(
             Identity(wid, "H800", 0),
             EmulatedEngine(deployment(capacity=capacity), CountingSource(), clock=self.clock),
