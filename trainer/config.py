@@ -6,7 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from cadence.worker.api import MIN_TEMPERATURE
 
 
 class TrainerConfig(BaseModel):
@@ -29,6 +31,14 @@ class TrainerConfig(BaseModel):
     advantages: Literal["group", "batch"] = "group"
     max_tokens: int = Field(default=12, ge=1)
     temperature: float = Field(default=1.0, ge=0.0)
+
+    @field_validator("temperature")
+    @classmethod
+    def _greedy_or_above_the_floor(cls, t: float) -> float:
+        if 0.0 < t < MIN_TEMPERATURE:
+            raise ValueError(f"must be 0 (greedy) or at least {MIN_TEMPERATURE}, vLLM's floor")
+        return t
+
     seed: int = 0
     # Where an external trainer leaves the weights it publishes by path (a volume both
     # see); None: it publishes by http(s) URL only. No other path is read.

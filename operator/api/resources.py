@@ -35,6 +35,14 @@ from pydantic.config import JsonDict
 from cadence.common.catalog import ACCELERATORS, MODELS
 from cadence.operator.scheduler.registry import POLICIES
 from cadence.sim.scenario import AutoOrTokens
+from cadence.worker.api import MIN_TEMPERATURE
+
+
+def _temperature(t: float) -> float:
+    """Refused where the workers would refuse every placement made with it."""
+    if 0.0 < t < MIN_TEMPERATURE:
+        raise ValueError(f"must be 0 (greedy) or at least {MIN_TEMPERATURE}, vLLM's floor")
+    return t
 
 
 def _version() -> str:
@@ -602,7 +610,13 @@ class BatchSpec(_Spec):
     """Batches to train, each publishing the next policy version; the run succeeds after
     the last."""
     temperature: float = Field(default=1.0, ge=0)
-    """The workers' sampling temperature (0: greedy), which the trainer scores at too."""
+    """The workers' sampling temperature (0: greedy, else at least 0.01, vLLM's floor),
+    which the trainer scores at too."""
+
+    @field_validator("temperature")
+    @classmethod
+    def _greedy_or_above_the_floor(cls, t: float) -> float:
+        return _temperature(t)
 
 
 class MultiTurnSpec(_Spec):
