@@ -3,7 +3,12 @@
 
 Each turns its options into the service's own settings, refuses bad ones before anything
 heavy starts, and serves over HTTP until stopped. torch, vLLM and uvicorn are imported
-inside the commands so that the other commands never pay for them.
+inside the commands so that the other commands never pay for them (the environment never
+imports torch: it runs as a small sidecar).
+
+All three take the pool's bearer token (`--token-file` or `CADENCE_TOKEN`) and serve
+HTTPS when given `--tls-cert` and `--tls-key`; their clients trust the CA bundle that
+`CADENCE_CA_FILE` names.
 """
 
 from __future__ import annotations
@@ -47,6 +52,8 @@ def _cmd_worker(args: argparse.Namespace) -> int:
             env_tries=args.env_tries,
             memory_utilization=args.memory_utilization,
             tensor_parallel=args.tensor_parallel,
+            tls_cert=args.tls_cert,
+            tls_key=args.tls_key,
         )
         # Every setting is refused before anything heavy starts (making the default tiny
         # model prints a progress bar and takes seconds).
@@ -85,13 +92,15 @@ def _cmd_trainer(args: argparse.Namespace) -> int:
 
     from cadence.trainer.config import TrainerConfig  # noqa: PLC0415
     from cadence.trainer.serve import serve  # noqa: PLC0415
-    from cadence.worker.serve import ConfigError, read_token  # noqa: PLC0415
+    from cadence.worker.serve import ConfigError, check_tls, read_token  # noqa: PLC0415
 
     try:
         token = read_token(args.token_file)
+        check_tls(args.tls_cert, args.tls_key)
+        tls = {"tls_cert": args.tls_cert, "tls_key": args.tls_key}
         if args.config is not None:
             config = _trainer_config(args.config)
-            serve(config, token, host=args.host, port=args.port)
+            serve(config, token, host=args.host, port=args.port, **tls)
             return 0
         if args.model_path is None or args.state_dir is None:
             raise UsageError("give --model-path and --state-dir, or --config")
@@ -115,7 +124,7 @@ def _cmd_trainer(args: argparse.Namespace) -> int:
         first = e.errors()[0]
         where = ".".join(str(p) for p in first["loc"])
         raise UsageError(f"--{where.replace('_', '-')}: {first['msg']}") from None
-    serve(config, token, host=args.host, port=args.port)
+    serve(config, token, host=args.host, port=args.port, **tls)
     return 0
 
 
@@ -140,10 +149,33 @@ def _trainer_config(path: Path) -> Any:
 def _cmd_environment(args: argparse.Namespace) -> int:
     import uvicorn  # noqa: PLC0415
 
+    from cadence.common import web  # noqa: PLC0415
     from cadence.worker.calculator import create_app  # noqa: PLC0415
 
-    uvicorn.run(create_app(), host=args.host, port=args.port, log_level="warning")
+    try:
+        token = web.read_token(args.token_file)
+        web.check_tls(args.tls_cert, args.tls_key)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    uvicorn.run(
+        create_app(token),
+        host=args.host,
+        port=args.port,
+        log_level="warning",
+        ssl_certfile=args.tls_cert,
+        ssl_keyfile=args.tls_key,
+    )
     return 0
+
+
+def _add_tls(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--tls-cert",
+        type=Path,
+        metavar="FILE",
+        help="serve HTTPS with this certificate (PEM; with --tls-key); plain HTTP if absent",
+    )
+    parser.add_argument("--tls-key", type=Path, metavar="FILE", help="the certificate's key")
 
 
 def add_worker(sub: Commands) -> None:
@@ -204,6 +236,7 @@ def add_worker(sub: Commands) -> None:
         help="devices per worker (default: 1 for vllm; emulated: the smallest that holds "
         "--min-kv-tokens)",
     )
+    _add_tls(w)
     w.set_defaults(run=_cmd_worker)
 
 
@@ -235,6 +268,7 @@ def add_trainer(sub: Commands) -> None:
     t.add_argument("--host", default="127.0.0.1")
     t.add_argument("--port", type=at_least(1), default=8100)
     t.add_argument("--token-file", type=Path, help="file holding the bearer token")
+    _add_tls(t)
     t.set_defaults(run=_cmd_trainer)
 
 
@@ -245,8 +279,11 @@ def add_environment(sub: Commands) -> None:
         help="run the reference environment for multi-turn tasks (a calculator)",
         description="Serve the reference calculator environment: POST /v1/tool with a "
         "model's text holding <tool>calc EXPRESSION</tool> answers <result>VALUE</result>. "
-        "Workers reach it with --env-url.",
+        "Workers reach it with --env-url. The bearer token comes from --token-file or "
+        "CADENCE_TOKEN.",
     )
     env.add_argument("--host", default="127.0.0.1")
     env.add_argument("--port", type=at_least(1), default=8200)
+    env.add_argument("--token-file", type=Path, help="file holding the bearer token")
+    _add_tls(env)
     env.set_defaults(run=_cmd_environment)

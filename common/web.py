@@ -1,27 +1,56 @@
 """What every Cadence HTTP service shares: one-sentence problems, the bearer token on
-control endpoints, the body-size limit, and validation errors as 422 with the field.
+control endpoints, the body-size limit, validation errors as 422 with the field, and how
+clients trust the pool's certificate authority.
 
-The worker and the trainer both install these, so a client sees the same refusals
-everywhere: a `Problem` body with a reason and one sentence.
+The worker, the worker host, the trainer and the reference environment all install these,
+so a client sees the same refusals everywhere: a `Problem` body with a reason and one
+sentence. The gate runs before a request's body is read, because a body is where a
+caller without the token could spend a service's memory: a guarded path without the
+token is refused unread, and a body is counted as it streams and refused the moment it
+passes the limit, whatever its Content-Length said (or whether it said anything). A 422
+names the field and never echoes what was sent. The API docs are not served: they are
+for developers, who have the source, and every other path is either guarded or a probe.
+
+Transport security is optional and outside the token: a service serves TLS when given a
+certificate (`--tls-cert`, `--tls-key`), and every `ServiceClient` in a process trusts
+the CA bundle `CADENCE_CA_FILE` names, so nothing threads a CA through constructors.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hmac
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+import os
+import ssl
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import httpx
-from fastapi import Depends, FastAPI, Request, Response
+from fastapi import Depends, FastAPI, Request
+from fastapi.dependencies.models import Dependant
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
 from pydantic import BaseModel, ConfigDict
+from starlette.datastructures import Headers
+from starlette.exceptions import HTTPException
+from starlette.routing import BaseRoute, Match
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-# A body larger than this is refused before it is parsed (413).
+# A body larger than this is refused as it streams, before it is parsed (413).
 MAX_BODY_BYTES = 8 * 1024 * 1024
+# The environment variables naming the pool's bearer token and the CA bundle clients
+# verify services with.
+TOKEN_ENV = "CADENCE_TOKEN"
+CA_FILE_ENV = "CADENCE_CA_FILE"
+# A 422's sentence is at most this long, and each part of the field's path at most
+# `_PART`: the path can hold keys the caller chose.
+_SENTENCE = 200
+_PART = 40
+_DOCS = ("docs_url", "redoc_url", "openapi_url", "swagger_ui_oauth2_redirect_url")
 
 
 class Problem(BaseModel):
@@ -46,24 +75,137 @@ def problem(status: int, reason: str, message: str) -> JSONResponse:
     return JSONResponse(Problem(error=message, reason=reason).model_dump(), status_code=status)
 
 
+def _unauthorised() -> JSONResponse:
+    return problem(401, "unauthorised", "a valid bearer token is required")
+
+
+def _too_large() -> JSONResponse:
+    return problem(413, "too_large", f"the body exceeds {MAX_BODY_BYTES} bytes")
+
+
+def _bearer(headers: Headers, token: str) -> bool:
+    given = headers.get("authorization", "")
+    return hmac.compare_digest(given.encode(), f"Bearer {token}".encode())
+
+
+class _TooLarge(Exception):
+    """Raised into whatever reads a body past the limit, to stop it reading."""
+
+
+class _Gate:
+    """The token and the size limit, before the app reads anything (a plain ASGI
+    middleware: `BaseHTTPMiddleware` would sit between the server and the app's reads).
+
+    Which paths are guarded is read from the routes themselves: a route that depends on
+    the token dependency `install` returns. A path no route of this app takes (404, 405,
+    or a mounted app, which installs its own gate) is not refused here; none of those
+    reads a body before answering."""
+
+    def __init__(
+        self, app: ASGIApp, *, routes: Sequence[BaseRoute], token: str, guard: Callable[..., Any]
+    ) -> None:
+        self.app = app
+        self.routes = routes
+        self.token = token
+        self.guard = guard
+        self.needs: dict[int, bool] = {}
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = Headers(scope=scope)
+        if self._guarded(scope) and not _bearer(headers, self.token):
+            await _unauthorised()(scope, receive, send)
+            return
+        declared = headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+            await _too_large()(scope, receive, send)
+            return
+        await self._limited(scope, receive, send)
+
+    def _guarded(self, scope: Scope) -> bool:
+        for route in self.routes:
+            match, _ = route.matches(scope)
+            if match is Match.FULL:
+                if not isinstance(route, APIRoute):
+                    return False
+                if id(route) not in self.needs:
+                    self.needs[id(route)] = self._depends(route.dependant)
+                return self.needs[id(route)]
+        return False
+
+    def _depends(self, dependant: Dependant) -> bool:
+        return any(d.call is self.guard or self._depends(d) for d in dependant.dependencies)
+
+    async def _limited(self, scope: Scope, receive: Receive, send: Send) -> None:
+        read, over, started = 0, False, False
+
+        async def counted() -> Message:
+            nonlocal read, over
+            message = await receive()
+            if message["type"] == "http.request":
+                read += len(message.get("body", b""))
+                if read > MAX_BODY_BYTES:
+                    over = True
+                    raise _TooLarge
+            return message
+
+        async def sending(message: Message) -> None:
+            nonlocal started
+            if over and not started:
+                return  # what the app made of the cut-off body; the 413 below replaces it
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, counted, sending)
+        except Exception:
+            if not over or started:
+                raise
+        if over and not started:
+            await _too_large()(scope, receive, send)
+
+
+def _clip(text: str, most: int) -> str:
+    return text if len(text) <= most else text[: most - 1] + "\u2026"
+
+
+def _invalid(errors: Sequence[Mapping[str, Any]]) -> str:
+    """A validation error as one short sentence naming the field, never the input."""
+    first = errors[0] if errors else {}
+    where = ".".join(_clip(str(p), _PART) for p in first.get("loc", ()) if p != "body")
+    message = str(first.get("msg", "invalid"))
+    given = first.get("input")
+    if isinstance(given, str) and len(given) > 8 and given in message:
+        message = message.replace(given, "the value given")
+    return _clip(f"{where or 'body'}: {message}", _SENTENCE)
+
+
+def _close_docs(app: FastAPI) -> None:
+    """No /docs, /redoc or /openapi.json: they describe every control endpoint to anyone."""
+    paths = {getattr(app, name) for name in _DOCS} - {None}
+    app.router.routes[:] = [r for r in app.router.routes if getattr(r, "path", None) not in paths]
+    for name in _DOCS:
+        setattr(app, name, None)
+
+
+_REASONS = {400: "bad_request", 404: "not_found", 405: "method_not_allowed"}
+
+
 def install(app: FastAPI, token: str, refusals: tuple[type[Exception], ...] = ()) -> Any:
-    """Install the size limit and error handlers on `app`; returns the dependency list
-    that guards a control endpoint with the bearer token."""
+    """Install the token and size gate and the error handlers on `app`, and close its API
+    docs; returns the dependency list that guards a control endpoint with the bearer
+    token (the gate refuses a request for such an endpoint before reading its body)."""
     if not token:
         raise ValueError("a bearer token is required")
+    _close_docs(app)
 
-    @app.middleware("http")
-    async def limit_body(
-        request: Request, call_next: Callable[[Request], Awaitable[Response]]
-    ) -> Response:
-        length = request.headers.get("content-length")
-        if length is not None and length.isdigit() and int(length) > MAX_BODY_BYTES:
-            return problem(413, "too_large", f"the body exceeds {MAX_BODY_BYTES} bytes")
-        if length is None and request.method == "POST":
-            body = await request.body()
-            if len(body) > MAX_BODY_BYTES:
-                return problem(413, "too_large", f"the body exceeds {MAX_BODY_BYTES} bytes")
-        return await call_next(request)
+    def authorised(request: Request) -> None:
+        if not _bearer(request.headers, token):
+            raise Refusal(401, "unauthorised", "a valid bearer token is required")
+
+    app.add_middleware(_Gate, routes=app.router.routes, token=token, guard=authorised)
 
     kinds: tuple[type[Exception], ...] = (Refusal, *refusals)
     for kind in kinds:
@@ -74,14 +216,13 @@ def install(app: FastAPI, token: str, refusals: tuple[type[Exception], ...] = ()
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_: Request, e: RequestValidationError) -> JSONResponse:
-        first = e.errors()[0] if e.errors() else {"loc": (), "msg": "invalid body"}
-        where = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or "body"
-        return problem(422, "invalid", f"{where}: {first.get('msg', 'invalid')}")
+        return problem(422, "invalid", _invalid(e.errors()))
 
-    def authorised(request: Request) -> None:
-        given = request.headers.get("authorization", "")
-        if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
-            raise Refusal(401, "unauthorised", "a valid bearer token is required")
+    @app.exception_handler(HTTPException)
+    async def http_error(_: Request, e: HTTPException) -> JSONResponse:
+        reason = _REASONS.get(e.status_code, "http")
+        detail = e.detail if isinstance(e.detail, str) else "the request was refused"
+        return problem(e.status_code, reason, _clip(detail, _SENTENCE))
 
     return [Depends(authorised)]
 
@@ -99,6 +240,61 @@ def background(work: Callable[[], Coroutine[Any, Any, None]] | None) -> Any:
                 await task
 
     return lifespan
+
+
+def client_verify() -> ssl.SSLContext | bool:
+    """How a client verifies the services it calls: against the CA bundle
+    `CADENCE_CA_FILE` names (the pool's CA, where its services serve TLS), else the
+    system's trust store. A bundle that cannot be loaded is a `ValueError` in one
+    sentence, which a service checks at start-up."""
+    path = os.environ.get(CA_FILE_ENV, "").strip()
+    if not path:
+        return True
+    try:
+        return _ca_context(path)
+    except (OSError, ssl.SSLError) as e:
+        why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+        raise ValueError(f"{CA_FILE_ENV}={path}: cannot load the CA bundle: {why}") from None
+
+
+@functools.lru_cache(maxsize=4)
+def _ca_context(path: str) -> ssl.SSLContext:
+    return ssl.create_default_context(cafile=path)
+
+
+def read_token(token_file: Path | None) -> str:
+    """A service's bearer token, from a file (a mounted Secret) or `CADENCE_TOKEN`; a
+    `ValueError` in one sentence when there is none."""
+    if token_file is not None:
+        try:
+            token = token_file.read_text().strip()
+        except OSError as e:
+            raise ValueError(f"cannot read token file {token_file}: {e.strerror}") from None
+    else:
+        token = os.environ.get(TOKEN_ENV, "").strip()
+    if not token:
+        raise ValueError(f"a bearer token is required: --token-file FILE or {TOKEN_ENV}")
+    return token
+
+
+def check_tls(cert: Path | None, key: Path | None) -> None:
+    """Refuse, in one sentence (`ValueError`), a half-given or unusable certificate and
+    key, and a CA bundle (`CADENCE_CA_FILE`) that cannot be loaded: before a service
+    starts, where uvicorn would fail later with a traceback."""
+    client_verify()
+    if (cert is None) != (key is None):
+        raise ValueError("--tls-cert and --tls-key go together: give both, or neither")
+    if cert is None or key is None:
+        return
+    for option, path in (("--tls-cert", cert), ("--tls-key", key)):
+        try:
+            path.read_bytes()
+        except OSError as e:
+            raise ValueError(f"cannot read {option} {path}: {e.strerror}") from None
+    try:
+        ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(cert, key)
+    except ssl.SSLError as e:
+        raise ValueError(f"--tls-cert {cert} with --tls-key {key} does not load: {e}") from None
 
 
 class ServiceError(Exception):
@@ -146,13 +342,17 @@ class ServiceClient:
         *,
         timeout_s: float | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
+        verify: ssl.SSLContext | bool | None = None,
     ) -> None:
+        """`verify`: how the service's certificate is checked (None: `client_verify()`,
+        the CA bundle `CADENCE_CA_FILE` names or the system's)."""
         self.url = url.rstrip("/")
         self.http = httpx.AsyncClient(
             base_url=self.url,
             headers={"Authorization": f"Bearer {token}"},
             timeout=self.default_timeout_s if timeout_s is None else timeout_s,
             transport=transport,
+            verify=client_verify() if verify is None else verify,
         )
 
     async def aclose(self) -> None:

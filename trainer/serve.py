@@ -1,8 +1,12 @@
 """`cadence trainer`: the trainer service as a process, as its pod runs it. Its state
 (ledger, published weights, optimizer state) lives in `--state-dir`, a volume in
-Kubernetes; a restarted trainer resumes from it (`Trainer`)."""
+Kubernetes; a restarted trainer resumes from it (`Trainer`). Given a certificate and key
+(`--tls-cert`, `--tls-key`) it serves HTTPS only: its pod binds 0.0.0.0, and the pool's
+bearer token rides in every request."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import uvicorn
 
@@ -11,6 +15,21 @@ from cadence.trainer.config import TrainerConfig
 from cadence.trainer.trainer import Trainer
 
 
-def serve(config: TrainerConfig, token: str, *, host: str = "127.0.0.1", port: int = 8100) -> None:
+def serve(
+    config: TrainerConfig,
+    token: str,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8100,
+    tls_cert: Path | None = None,
+    tls_key: Path | None = None,
+) -> None:
     trainer = Trainer(config)
-    uvicorn.run(create_app(trainer, token), host=host, port=port, log_level="info")
+    uvicorn.run(
+        create_app(trainer, token),
+        host=host,
+        port=port,
+        log_level="info",
+        ssl_certfile=tls_cert,
+        ssl_keyfile=tls_key,
+    )

@@ -10,8 +10,15 @@ The environment answers with the observation the worker appends to the trajector
 
 Expressions are arithmetic only: numbers, + - * / // % **, unary signs and parentheses,
 evaluated on Python's AST with every other node refused, so a model cannot reach names,
-calls or attributes. An answer is idempotent per (trajectory, call index): a worker that
-retries a call gets the same observation.
+calls or attributes. A value out of range (an overflow, an infinity) is an error
+observation like division by zero, never a failed request.
+
+An answer is idempotent per (trajectory, attempt, call index): a worker that retries a
+call gets the same observation, and a trajectory run again from its start under a new
+attempt gets its own. Only the pool's workers may call: the service takes the pool's
+bearer token and bounds bodies as the worker and the trainer do (`common/web.py`), since
+a first answer is kept, and a caller able to ask first could otherwise choose what
+another trajectory is told.
 """
 
 from __future__ import annotations
@@ -20,16 +27,20 @@ from __future__ import annotations
 # mypy (see operator/__init__.py).
 import _operator as operator
 import ast
+import math
 import re
 from collections.abc import Callable
 
 from fastapi import FastAPI
 from pydantic import BaseModel, ConfigDict, Field
 
+from cadence.common import web
+
 TOOL_CALL = re.compile(r"<tool>\s*calc\s+(?P<expr>.*?)</tool>", re.DOTALL)
 MAX_EXPRESSION = 200
 MAX_EXPONENT = 64
 MAX_MAGNITUDE = 10**18
+MAX_ANSWERS = 100_000  # answers kept for retries; the oldest go first
 
 _BINARY: dict[type[ast.operator], Callable[[float, float], float]] = {
     ast.Add: operator.add,
@@ -69,7 +80,7 @@ def evaluate(expression: str) -> float:
 def _eval(node: ast.expr) -> float:
     value = node.value if isinstance(node, ast.Constant) else None
     if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
+        return _in_range(float(value))  # `1e400` parses as infinity
     if isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
         return _UNARY[type(node.op)](_eval(node.operand))
     if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
@@ -80,10 +91,18 @@ def _eval(node: ast.expr) -> float:
             value = _BINARY[type(node.op)](left, right)
         except ZeroDivisionError:
             raise CalcError("division by zero") from None
-        if isinstance(value, complex) or abs(value) > MAX_MAGNITUDE:
+        except OverflowError:  # float ** raises where * gives infinity
+            raise CalcError("result out of range") from None
+        if isinstance(value, complex):
             raise CalcError("result out of range")
-        return value
+        return _in_range(value)
     raise CalcError(f"{type(node).__name__} is not allowed")
+
+
+def _in_range(value: float) -> float:
+    if not math.isfinite(value) or abs(value) > MAX_MAGNITUDE:
+        raise CalcError("result out of range")
+    return value
 
 
 def observation(expression: str) -> str:
@@ -99,6 +118,7 @@ class ToolRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     trajectory_id: str = Field(min_length=1, max_length=200)
+    attempt: int = Field(default=0, ge=0)  # the trajectory's attempt (placement) number
     call_index: int = Field(ge=0)
     text: str = Field(max_length=4096)  # the model's text holding the tool call
 
@@ -107,14 +127,18 @@ class ToolResponse(BaseModel):
     observation: str
 
 
-def create_app() -> FastAPI:
+def create_app(token: str) -> FastAPI:
+    """The environment's API, for callers holding the pool's bearer `token`."""
     app = FastAPI(title="Cadence reference calculator environment", version="v1")
-    answered: dict[tuple[str, int], str] = {}
+    guarded = web.install(app, token)
+    answered: dict[tuple[str, int, int], str] = {}
 
-    @app.post("/v1/tool")
+    @app.post("/v1/tool", dependencies=guarded)
     async def tool(body: ToolRequest) -> ToolResponse:
-        key = (body.trajectory_id, body.call_index)
+        key = (body.trajectory_id, body.attempt, body.call_index)
         if key not in answered:
+            if len(answered) >= MAX_ANSWERS:
+                del answered[next(iter(answered))]
             expression = find_tool_call(body.text)
             answered[key] = (
                 observation(expression)

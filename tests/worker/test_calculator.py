@@ -1,5 +1,6 @@
 """The reference calculator environment: the documented tool-call format, arithmetic
-only, idempotent answers."""
+only (overflow is an error observation, never a 500), answers idempotent per call of one
+attempt, and only for callers with the pool's token."""
 
 from __future__ import annotations
 
@@ -9,6 +10,9 @@ import httpx
 import pytest
 
 from cadence.worker.calculator import create_app, evaluate, find_tool_call, observation
+
+TOKEN = "s3cret"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
 @pytest.mark.parametrize(
@@ -46,18 +50,68 @@ def test_evaluate_refuses_overlong_expressions() -> None:
         evaluate("1+" * 200 + "1")
 
 
-def test_the_service_answers_once_per_call_and_refuses_malformed_bodies() -> None:
-    transport = httpx.ASGITransport(app=create_app())
+@pytest.mark.parametrize(
+    "expression",
+    ["1e300**2", "(-1e300)**3", "1e400", "-1e400", "1e400 - 1e400", "2 * 1e400"],
+)
+def test_overflow_and_infinities_are_an_error_observation(expression: str) -> None:
+    assert observation(expression) == "<result>error: result out of range</result>"
+
+
+def _post(calls: list[tuple[dict[str, object], dict[str, str]]]) -> list[httpx.Response]:
+    """Each (body, headers) posted to one environment in turn."""
+    transport = httpx.ASGITransport(app=create_app(TOKEN), raise_app_exceptions=False)
 
     async def go() -> list[httpx.Response]:
         async with httpx.AsyncClient(transport=transport, base_url="http://env") as http:
-            call = {"trajectory_id": "t", "call_index": 0, "text": "<tool>calc 6*7</tool>"}
-            first = await http.post("/v1/tool", json=call)
-            again = await http.post("/v1/tool", json={**call, "text": "<tool>calc 1</tool>"})
-            bad = await http.post("/v1/tool", json={"trajectory_id": "t"})
-            return [first, again, bad]
+            return [await http.post("/v1/tool", json=c, headers=h) for c, h in calls]
 
-    first, again, bad = asyncio.run(go())
+    return asyncio.run(go())
+
+
+CALL = {"trajectory_id": "t", "attempt": 0, "call_index": 0, "text": "<tool>calc 6*7</tool>"}
+
+
+def test_an_overflowing_call_is_answered_with_the_error_not_a_500() -> None:
+    (r,) = _post([({**CALL, "text": "<tool>calc 1e300**2</tool>"}, AUTH)])
+    assert r.status_code == 200
+    assert r.json() == {"observation": "<result>error: result out of range</result>"}
+
+
+def test_the_service_answers_once_per_call_and_refuses_malformed_bodies() -> None:
+    first, again, bad = _post(
+        [
+            (CALL, AUTH),
+            ({**CALL, "text": "<tool>calc 1</tool>"}, AUTH),
+            ({"trajectory_id": "t"}, AUTH),
+        ]
+    )
     assert first.json() == {"observation": "<result>42</result>"}
     assert again.json() == first.json()  # a retried call gets the same answer
-    assert bad.status_code == 422
+    assert bad.status_code == 422 and bad.json()["reason"] == "invalid"
+
+
+def test_a_new_attempt_of_a_trajectory_gets_its_own_answers() -> None:
+    """A trajectory re-run from its start (a new attempt) asks call 0 again with other
+    text: it gets its own answer, not the one its earlier attempt got first; the earlier
+    attempt's retries still get theirs."""
+    old, new, old_again = _post(
+        [
+            (CALL, AUTH),
+            ({**CALL, "attempt": 1, "text": "<tool>calc 2+3</tool>"}, AUTH),
+            (CALL, AUTH),
+        ]
+    )
+    assert old.json() == {"observation": "<result>42</result>"}
+    assert new.json() == {"observation": "<result>5</result>"}
+    assert old_again.json() == old.json()
+
+
+def test_a_caller_without_the_token_is_refused_and_cannot_poison_an_answer() -> None:
+    forged = {**CALL, "text": "<tool>calc 666</tool>"}
+    none, wrong, real = _post(
+        [(forged, {}), (forged, {"Authorization": "Bearer guess"}), (CALL, AUTH)]
+    )
+    assert (none.status_code, none.json()["reason"]) == (401, "unauthorised")
+    assert (wrong.status_code, wrong.json()["reason"]) == (401, "unauthorised")
+    assert real.json() == {"observation": "<result>42</result>"}

@@ -57,8 +57,8 @@ class ScriptedSource:
 
 
 def _calculator() -> AskEnvironment:
-    transport = httpx.ASGITransport(app=calculator.create_app())
-    return HttpEnvironment("http://env", transport=transport)
+    transport = httpx.ASGITransport(app=calculator.create_app("s3cret"))
+    return HttpEnvironment("http://env", "s3cret", transport=transport)
 
 
 def _core(
@@ -133,7 +133,7 @@ def _self() -> Source:
 def test_a_trajectory_waiting_for_its_environment_cannot_be_taken() -> None:
     gate = asyncio.Event()
 
-    async def slow(rid: str, index: int, text: str) -> str:
+    async def slow(rid: str, index: int, text: str, attempt: int) -> str:
         await gate.wait()
         return "<result>5</result>"
 
@@ -158,7 +158,7 @@ def test_a_trajectory_waiting_for_its_environment_cannot_be_taken() -> None:
 def test_an_environment_that_keeps_failing_ends_the_sample_failed(behaviour: str) -> None:
     asked: list[tuple[str, int]] = []
 
-    async def broken(rid: str, index: int, text: str) -> str:
+    async def broken(rid: str, index: int, text: str, attempt: int) -> str:
         asked.append((rid, index))
         if behaviour == "hangs":
             await asyncio.sleep(10)

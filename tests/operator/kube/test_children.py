@@ -14,7 +14,7 @@ import pytest
 
 from cadence.cli import build_parser
 from cadence.operator.api.capacity import group_capacities, group_plans
-from cadence.operator.api.resources import RolloutGroup, load
+from cadence.operator.api.resources import RolloutGroup, RolloutPool, TrainingRun, load
 from cadence.operator.kube import children
 from cadence.operator.kube.children import WorkerView, choose_for_scale_in
 from cadence.worker.serve import WorkerOptions, emulated_deployment
@@ -368,3 +368,89 @@ def test_a_calculator_run_gets_the_reference_environment_beside_its_trainer() ->
     args = build_parser().parse_args(pod["spec"]["containers"][0]["args"])
     assert args.env_url == f"http://math-grpo-trainer.default.svc:{port}"
     assert args.env_tries == 2
+
+
+def _calculator_run() -> tuple[RolloutPool, TrainingRun, dict[str, Any]]:
+    pool, run = load(EXAMPLE)
+    body = _with_uid(run, "r")
+    body["spec"]["multiTurn"] = {"environment": "calculator", "maxToolCalls": 2, "tries": 2}
+    return pool, type(run).model_validate(body), body
+
+
+def _containers(trainer: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {c["name"]: c for c in trainer["spec"]["template"]["spec"]["containers"]}
+
+
+def test_the_calculator_beside_the_trainer_takes_the_pools_token() -> None:
+    """The environment refuses callers without the pool's token, so its container gets
+    the token from the pool's Secret, as the trainer beside it does."""
+    pool, run, body = _calculator_run()
+    _, trainer, _ = children.trainer_objects(run, body, pool)
+    containers = _containers(trainer)
+    token = {
+        "name": "CADENCE_TOKEN",
+        "valueFrom": {"secretKeyRef": {"name": pool.spec.token_secret, "key": "token"}},
+    }
+    assert token in containers["environment"]["env"]
+    assert containers["environment"]["env"] == containers["trainer"]["env"]
+
+
+def _with_tls(pool: RolloutPool, secret: str = "fleet-tls") -> RolloutPool:
+    """The pool asking for TLS (`spec.tlsSecret`; set past validation until the pool's
+    schema has the field, which children.py reads with a default)."""
+    return pool.model_copy(update={"spec": pool.spec.model_copy(update={"tls_secret": secret})})
+
+
+def test_a_pool_that_names_a_tls_secret_serves_every_pod_over_https() -> None:
+    plain, run, body = _calculator_run()
+    pool = _with_tls(plain)
+    group = RolloutGroup.model_validate(children.rollout_groups(pool, _with_uid(plain, "p"))[0])
+    pod = children.worker_pod(pool, group, _with_uid(group, "g"), run, 0)
+    _valid(pod)
+    (worker,) = pod["spec"]["containers"]
+    args = build_parser().parse_args(worker["args"])
+    assert (args.tls_cert, args.tls_key) == (
+        Path("/etc/cadence-tls/tls.crt"),
+        Path("/etc/cadence-tls/tls.key"),
+    )
+    assert args.trainer_url == "https://math-grpo-trainer.default.svc:8100"
+    assert args.env_url == "https://math-grpo-trainer.default.svc:8200"
+    assert {"name": "CADENCE_CA_FILE", "value": "/etc/cadence-tls/ca.crt"} in worker["env"]
+    assert {"name": "tls", "secret": {"secretName": "fleet-tls"}} in pod["spec"]["volumes"]
+    mount = {"name": "tls", "mountPath": "/etc/cadence-tls", "readOnly": True}
+    assert mount in worker["volumeMounts"]
+    assert worker["readinessProbe"]["httpGet"]["scheme"] == "HTTPS"
+    assert worker["livenessProbe"]["httpGet"]["scheme"] == "HTTPS"
+    # Reached by the name its certificate holds, not by its IP.
+    pod["status"] = {"podIP": "10.0.0.7"}
+    assert children.pod_url(pod) == "https://fleet-h800-0.fleet-workers.default.svc:8000"
+
+    objects = children.trainer_objects(run, body, pool)
+    for obj in objects:
+        _valid(obj)
+    trainer = objects[1]
+    containers = _containers(trainer)
+    assert trainer["spec"]["template"]["spec"]["volumes"][-1] == {
+        "name": "tls",
+        "secret": {"secretName": "fleet-tls"},
+    }
+    for name in ("trainer", "environment"):
+        served = build_parser().parse_args(containers[name]["args"])
+        assert served.tls_cert == Path("/etc/cadence-tls/tls.crt"), name
+        assert mount in containers[name]["volumeMounts"], name
+    assert containers["trainer"]["readinessProbe"]["httpGet"]["scheme"] == "HTTPS"
+    assert children.trainer_url(run, pool).startswith("https://")
+
+
+def test_a_pool_without_tls_serves_plain_http_reached_by_ip() -> None:
+    pool, run, _ = _calculator_run()
+    group = RolloutGroup.model_validate(children.rollout_groups(pool, _with_uid(pool, "p"))[0])
+    pod = children.worker_pod(pool, group, _with_uid(group, "g"), run, 0)
+    (worker,) = pod["spec"]["containers"]
+    args = build_parser().parse_args(worker["args"])
+    assert args.tls_cert is None and args.trainer_url.startswith("http://")
+    assert "scheme" not in worker["readinessProbe"]["httpGet"]
+    assert all(v["name"] != "tls" for v in pod["spec"]["volumes"])
+    assert children.pod_url(pod) is None  # no IP yet
+    pod["status"] = {"podIP": "10.0.0.7"}
+    assert children.pod_url(pod) == "http://10.0.0.7:8000"

@@ -1,0 +1,172 @@
+"""What every Cadence service refuses, through `web.install`, and what it never does while
+refusing: a guarded path without the token is refused before any of its body is read, a
+body over the limit is refused while it streams (chunked, or longer than its
+Content-Length says) rather than read whole, a 422 never echoes the input, and the API
+docs are not served. Each is checked on every service: worker, worker host, trainer and
+the reference environment."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from fastapi import FastAPI
+
+from cadence.common.web import MAX_BODY_BYTES
+from cadence.worker import calculator
+from cadence.worker.app import create_app as worker_app
+from cadence.worker.core import Identity, WorkerCore
+from cadence.worker.emulated import EmulatedEngine
+from cadence.worker.host import create_host_app
+from tests.trainer.factories import delivery
+from tests.worker.factories import CountingSource, FakeClock, deployment
+
+TOKEN = "s3cret"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+CHUNK = 64 * 1024
+
+
+@dataclass
+class Service:
+    app: FastAPI
+    guarded: str  # a guarded POST path that takes a JSON body
+    open: str  # a GET path anyone may call
+    sample: dict[str, Any]  # a body `guarded` validates
+    root: str = ""  # where the service's own paths start (a hosted worker's /ID)
+
+
+def _core() -> WorkerCore:
+    engine = EmulatedEngine(deployment(), CountingSource(), clock=FakeClock())
+
+    async def peer(*_: object) -> Any:
+        raise AssertionError("no peer is involved")
+
+    return WorkerCore(Identity("w0", "H800", 0), engine, FakeClock(), peer, peer, 0)
+
+
+def _trainer(folder: Path, tiny_model: Path) -> Iterator[Service]:
+    from cadence.trainer.app import create_app  # noqa: PLC0415
+    from cadence.trainer.config import TrainerConfig  # noqa: PLC0415
+    from cadence.trainer.trainer import Trainer  # noqa: PLC0415
+
+    config = TrainerConfig(model_path=tiny_model, state_dir=folder, group_size=2, batch_groups=1)
+    trainer = Trainer(config)
+    sample = delivery("g0-s0").model_dump(mode="json")
+    app = create_app(trainer, TOKEN, train=False)
+    yield Service(app, "/v1/trajectories", "/v1/version", sample)
+    trainer.ledger.close()
+
+
+PLACE = {"id": "t", "attempt": 0, "version": 0, "fresh": {"prompt_token_ids": [1], "max_tokens": 1}}
+CALL = {"trajectory_id": "t", "attempt": 0, "call_index": 0, "text": "<tool>calc 1</tool>"}
+SERVICES: dict[str, Callable[[], Service]] = {
+    "worker": lambda: Service(
+        worker_app(_core(), TOKEN, run_decode_loop=False), "/v1/trajectories", "/healthz", PLACE
+    ),
+    "host": lambda: Service(
+        create_host_app({"w0": _core()}, TOKEN), "/v1/place", "/healthz", {"items": []}
+    ),
+    "hosted worker": lambda: Service(
+        create_host_app({"w0": _core()}, TOKEN), "/w0/v1/trajectories", "/w0/readyz", PLACE, "/w0"
+    ),
+    "environment": lambda: Service(calculator.create_app(TOKEN), "/v1/tool", "/healthz", CALL),
+}
+
+
+@pytest.fixture(params=[*SERVICES, "trainer"])
+def service(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Service]:
+    if request.param == "trainer":
+        yield from _trainer(tmp_path, request.getfixturevalue("tiny_model"))
+    else:
+        yield SERVICES[request.param]()
+
+
+class Body:
+    """A streamed request body of `total` bytes that counts what the server pulled."""
+
+    def __init__(self, total: int, piece: bytes = b"x" * CHUNK) -> None:
+        self.total = total
+        self.piece = piece
+        self.read = 0
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        while self.read < self.total:
+            self.read += len(self.piece)
+            yield self.piece
+
+
+def _send(app: FastAPI, method: str, path: str, **kwargs: Any) -> httpx.Response:
+    async def go() -> httpx.Response:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://svc") as http:
+            return await http.request(method, path, **kwargs)
+
+    return asyncio.run(go())
+
+
+def test_a_guarded_path_without_the_token_is_refused_before_its_body_is_read(
+    service: Service,
+) -> None:
+    for headers in ({}, {"Authorization": "Bearer wrong"}):
+        body = Body(3 * MAX_BODY_BYTES)
+        r = _send(service.app, "POST", service.guarded, content=body, headers=headers)
+        assert (r.status_code, r.json()["reason"]) == (401, "unauthorised")
+        assert body.read == 0
+
+
+def test_a_chunked_body_over_the_limit_is_refused_as_it_streams(service: Service) -> None:
+    body = Body(3 * MAX_BODY_BYTES)
+    r = _send(service.app, "POST", service.guarded, content=body, headers=AUTH)
+    assert (r.status_code, r.json()["reason"]) == (413, "too_large")
+    assert str(MAX_BODY_BYTES) in r.json()["error"]
+    assert body.read <= MAX_BODY_BYTES + CHUNK
+
+
+def test_a_body_longer_than_its_content_length_is_refused_at_the_limit(service: Service) -> None:
+    body = Body(3 * MAX_BODY_BYTES)
+    headers = {**AUTH, "content-length": "100", "content-type": "application/json"}
+    r = _send(service.app, "POST", service.guarded, content=body, headers=headers)
+    assert (r.status_code, r.json()["reason"]) == (413, "too_large")
+    assert body.read <= MAX_BODY_BYTES + CHUNK
+
+
+def test_a_declared_length_over_the_limit_is_refused_unread(service: Service) -> None:
+    body = Body(3 * MAX_BODY_BYTES)
+    headers = {**AUTH, "content-length": str(3 * MAX_BODY_BYTES)}
+    r = _send(service.app, "POST", service.guarded, content=body, headers=headers)
+    assert (r.status_code, r.json()["reason"]) == (413, "too_large")
+    assert body.read == 0
+
+
+def test_a_validation_error_is_short_and_never_echoes_the_input(service: Service) -> None:
+    """A 422 names the field in one short sentence; a misspelt key is named, clipped,
+    and a value is never repeated back (the old answer held all 100 kB of it)."""
+    huge = "y" * 100_000
+    key = {**service.sample, huge: 1}
+    for body in (key, {huge: 1}, [huge], {k: huge for k in service.sample}):
+        r = _send(service.app, "POST", service.guarded, json=body, headers=AUTH)
+        assert r.status_code == 422, r.text[:300]
+        problem = r.json()
+        assert problem["reason"] == "invalid" and len(problem["error"]) <= 200
+        assert "y" * 41 not in r.text
+    r = _send(
+        service.app, "POST", service.guarded, json={**service.sample, "bogus": 1}, headers=AUTH
+    )
+    assert r.json()["error"] == "bogus: Extra inputs are not permitted"
+
+
+def test_the_api_docs_are_not_served(service: Service) -> None:
+    for path in ("/docs", "/redoc", "/openapi.json", "/docs/oauth2-redirect"):
+        for headers in ({}, AUTH):
+            r = _send(service.app, "GET", service.root + path, headers=headers)
+            assert r.status_code == 404, (path, r.status_code)
+            assert "openapi" not in r.text.lower() and "swagger" not in r.text.lower()
+
+
+def test_open_paths_answer_without_the_token(service: Service) -> None:
+    assert _send(service.app, "GET", service.open).status_code == 200
