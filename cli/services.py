@@ -44,6 +44,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
             min_kv_tokens=args.min_kv_tokens,
             trainer_url=args.trainer_url,
             weights_dir=args.weights_dir,
+            weights_from=args.weights_from,
             grace_s=args.grace_s,
             engine=args.engine,
             max_model_len=args.max_model_len,
@@ -203,6 +204,12 @@ def add_worker(sub: Commands) -> None:
     w.add_argument("--min-kv-tokens", type=at_least(1), default=20_000)
     w.add_argument("--trainer-url", help="the trainer's ingest URL (deliveries kept if absent)")
     w.add_argument("--weights-dir", type=Path, help="where advanced weights are kept")
+    w.add_argument(
+        "--weights-from",
+        type=Path,
+        help="a directory /v1/advance may read weights files from (default: none; weights "
+        "come from the trainer's or a peer's /v1/weights/N)",
+    )
     w.add_argument("--token-file", type=Path, help="file holding the bearer token")
     w.add_argument("--grace-s", type=float, default=30.0, help="drain grace period")
     w.add_argument(

@@ -25,6 +25,8 @@ from pathlib import Path
 
 import httpx
 
+from cadence.common.web import client_verify
+
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 
@@ -112,7 +114,7 @@ class WeightsSource:
                 raise SourceRefused(f"{uri} is not a /v1/weights/N endpoint")
             await self.destinations.check(uri)
             auth = {} if self.token is None else {"Authorization": f"Bearer {self.token}"}
-            async with httpx.AsyncClient(timeout=FETCH_TIMEOUT_S) as http:
+            async with httpx.AsyncClient(timeout=FETCH_TIMEOUT_S, verify=client_verify()) as http:
                 r = await http.get(uri, headers=auth)
                 r.raise_for_status()
                 return r.content

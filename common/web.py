@@ -365,13 +365,3 @@ class ServiceClient:
             return await call_json(self.http, method, path, body, timeout_s)
         except ServiceError as e:
             raise self.error(e.status, e.reason, e.message) from None
-
-
-async def fetch(uri: str, token: str) -> bytes:
-    """Bytes from an http(s) URI (with the pool's token) or a path."""
-    if uri.startswith(("http://", "https://")):
-        async with httpx.AsyncClient(timeout=300.0) as http:
-            r = await http.get(uri, headers={"Authorization": f"Bearer {token}"})
-            r.raise_for_status()
-            return r.content
-    return Path(uri.removeprefix("file://")).read_bytes()

@@ -13,7 +13,7 @@ import httpx
 from pydantic import TypeAdapter
 
 from cadence.common.sources import Destinations, SourceRefused
-from cadence.common.web import ServiceClient, ServiceError
+from cadence.common.web import ServiceClient, ServiceError, client_verify
 from cadence.worker.api import (
     AdvanceRequest,
     ClaimRequest,
@@ -169,6 +169,7 @@ class TrainerSender:
             headers={"Authorization": f"Bearer {token}"},
             timeout=10.0,
             transport=transport,
+            verify=client_verify(),
         )
 
     async def __call__(self, delivery: Delivery) -> None:

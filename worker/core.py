@@ -469,6 +469,8 @@ class WorkerCore:
             raise Refused(409, "no_weights", "this worker was started without a weights store")
         try:
             data = await self.fetch_weights(req.weights_uri)
+        except Refused:
+            raise
         except Exception as e:
             raise Refused(502, "fetch", f"cannot fetch {req.weights_uri}: {e}") from None
         digest = await asyncio.to_thread(lambda: hashlib.sha256(data).hexdigest())
@@ -616,7 +618,7 @@ class WorkerCore:
         assert self.tools is not None
         index = sum(1 for t in held.turns if t.role == "environment")
         text = self.tools.decode(held.since_observation())
-        observation = await self.tools.observe(held.id, index, text)
+        observation = await self.tools.observe(held.id, index, text, held.attempt)
         if observation is None:
             del self.parked[held.id]
             self._deliver(held, failed=True)

@@ -24,11 +24,11 @@ import uvicorn
 from cadence.common import web
 from cadence.common.catalog import ACCELERATORS, MODELS
 from cadence.common.physics import Deployment, Efficiency, deploy, kv_capacity_tokens
+from cadence.common.sources import Destinations, SourceRefused, WeightsSource
 from cadence.common.vocabulary import Vocabulary
-from cadence.common.web import fetch
 from cadence.worker.app import create_app
 from cadence.worker.client import Peers, TrainerSender
-from cadence.worker.core import Identity, WorkerCore
+from cadence.worker.core import Identity, Refused, WorkerCore
 from cadence.worker.emulated import EmulatedEngine
 from cadence.worker.engine import Engine, MonotonicClock
 from cadence.worker.host import create_host_app
@@ -59,6 +59,7 @@ class WorkerOptions:
     min_kv_tokens: int = 20_000
     trainer_url: str | None = None
     weights_dir: Path | None = None
+    weights_from: Path | None = None  # a directory `advance` may read weights files from
     grace_s: float = 30.0
     engine: Literal["emulated", "vllm"] = "emulated"
     max_model_len: int = 2048  # vllm: the longest context it serves
@@ -145,11 +146,16 @@ def build(options: WorkerOptions) -> WorkerCore:
             clock=clock,
             compression=options.compression,
         )
-    peers = Peers(options.token)
-    token = options.token
+    # The token goes to the trainer and the pod network only (common/sources.py).
+    reach = Destinations.of(options.trainer_url, options.env_url)
+    peers = Peers(options.token, destinations=reach)
+    weights = WeightsSource(options.token, reach, options.weights_from)
 
     async def fetch_weights(uri: str) -> bytes:
-        return await fetch(uri, token)
+        try:
+            return await weights.read(uri)
+        except SourceRefused as e:
+            raise Refused(403, "weights_source", str(e)) from None
 
     outbox = None
     if options.trainer_url is not None:

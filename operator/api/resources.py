@@ -373,6 +373,12 @@ class RolloutPoolSpec(_Spec):
     token_secret: str = Field(default="cadence-token", pattern=DNS_LABEL)
     """The Secret whose key `token` holds the bearer token the workers, the trainer and
     the operator share; the operator makes it with a random token if it is missing."""
+    tls_secret: str | None = Field(default=None, pattern=DNS_LABEL)
+    """A kubernetes.io/tls Secret (tls.crt, tls.key, ca.crt, as cert-manager makes one)
+    whose certificate the pool's workers, trainers and environments serve HTTPS with, and
+    whose ca.crt their clients trust; none: plain HTTP. It must name
+    *.<pool>-workers.<namespace>.svc and <run>-trainer.<namespace>.svc
+    (manifests/examples/tls.yaml)."""
 
     @model_validator(mode="after")
     def _unique(self) -> Self:

@@ -69,9 +69,8 @@ WARNINGS = {"Invalid", "ReconcileError"}
 
 
 def pod_endpoint(pod: Mapping[str, Any]) -> str | None:
-    """A worker pod's control URL, from its IP."""
-    ip = (pod.get("status") or {}).get("podIP")
-    return f"http://{ip}:{children.CONTROL_PORT}" if ip else None
+    """A worker pod's control URL: its IP over HTTP, its Service name over TLS."""
+    return children.pod_url(pod)
 
 
 def _now() -> str:
@@ -142,7 +141,7 @@ def _waiting(body: Mapping[str, Any], reason: str, message: str, events: Events)
 class Reconciler:
     kube: KubeApi
     endpoint: Callable[[Mapping[str, Any]], str | None] = pod_endpoint
-    trainer_endpoint: Callable[[TrainingRun], str] = children.trainer_url
+    trainer_endpoint: Callable[[TrainingRun, RolloutPool | None], str] = children.trainer_url
     status_every_s: float = 2.0  # a run's status is patched at most this often
     metrics: OperatorMetrics = field(default_factory=OperatorMetrics)
     # How clients reach workers and trainers (tests route them in-process; None: network).
@@ -467,7 +466,7 @@ class Reconciler:
         answered = False
         if token is not None:
             client = TrainerClient(
-                self.trainer_endpoint(run), token, timeout_s=2.0, transport=self.transport
+                self.trainer_endpoint(run, pool), token, timeout_s=2.0, transport=self.transport
             )
             try:
                 await client.stats()
@@ -513,7 +512,7 @@ class Reconciler:
         if token is None:
             return  # the pool's handler makes it; the supervisor starts the loop again
         client = TrainerClient(
-            self.trainer_endpoint(run), token, timeout_s=5.0, transport=self.transport
+            self.trainer_endpoint(run, pool), token, timeout_s=5.0, transport=self.transport
         )
         while not stopped:  # the trainer's pod may still be starting
             try:

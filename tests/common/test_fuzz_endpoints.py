@@ -232,7 +232,7 @@ def _worker() -> Target:
 def _host() -> Target:
     core = _worker_core("w0")
     place = fresh("t").model_dump(mode="json")
-    samples = {
+    samples: dict[str, dict[str, Any]] = {
         "/v1/place": {"items": [{"worker": "w0", "request": place}]},
         "/v1/evict": {"items": [{"worker": "w0", "id": "t"}]},
         "/w0/v1/trajectories": place,
@@ -267,7 +267,12 @@ def _trainer(folder: Path, model: Path) -> Iterator[Target]:
 
 def _environment() -> Target:
     app = calculator.create_app(TOKEN)
-    call = {"trajectory_id": "t", "attempt": 0, "call_index": 0, "text": "<tool>calc 1+1</tool>"}
+    call: dict[str, Any] = {
+        "trajectory_id": "t",
+        "attempt": 0,
+        "call_index": 0,
+        "text": "<tool>calc 1+1</tool>",
+    }
 
     async def works(http: httpx.AsyncClient) -> None:
         body = {**call, "trajectory_id": f"check-{next(_ids)}"}

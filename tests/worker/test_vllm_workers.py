@@ -25,13 +25,22 @@ PROMPT = [5, 17, 99, 3, 250, 8, 41, 7]
 
 
 @pytest.fixture(scope="module")
-def workers(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+def incoming(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The directory the workers may read weights files from (`--weights-from`)."""
+    return tmp_path_factory.mktemp("incoming")
+
+
+@pytest.fixture(scope="module")
+def workers(
+    tiny_model: Path, incoming: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, str]]:
     cwd = tmp_path_factory.mktemp("run")
     with worker_processes(
         ["a", "b"],
         lambda wid: [
             *("--engine", "vllm", "--model-path", str(tiny_model), "--max-model-len", "1024"),
             *("--grace-s", "1", "--weights-dir", str(cwd / wid)),
+            *("--weights-from", str(incoming)),
         ],
         cwd=cwd,
         env={"CADENCE_TOKEN": TOKEN, "VLLM_CPU_KVCACHE_SPACE": "1"},
@@ -99,13 +108,13 @@ def _greedy_tokens(url: str, rid: str, version: int) -> list[int]:
 
 
 def test_workers_advance_from_a_file_and_from_a_peer(
-    workers: dict[str, str], tiny_model: Path, tmp_path: Path
+    workers: dict[str, str], tiny_model: Path, incoming: Path
 ) -> None:
     a, b = workers["a"], workers["b"]
     before = _greedy_tokens(a, "v0", 0)
     weights = load_file(tiny_model / "model.safetensors")
     generator = torch.Generator().manual_seed(1)
-    v1 = tmp_path / "v1.safetensors"
+    v1 = incoming / "v1.safetensors"
     save_file(
         {
             k: v + 0.5 * torch.randn(v.shape, generator=generator).to(v.dtype)
@@ -114,6 +123,9 @@ def test_workers_advance_from_a_file_and_from_a_peer(
         v1,
     )
     sha = hashlib.sha256(v1.read_bytes()).hexdigest()
+    elsewhere = {"version": 1, "weights_uri": str(tiny_model / "model.safetensors"), "sha256": sha}
+    r = httpx.post(f"{a}/v1/advance", json=elsewhere, headers=AUTH)
+    assert r.status_code == 403 and r.json()["reason"] == "weights_source", r.text
     r = httpx.post(
         f"{a}/v1/advance", json={"version": 1, "weights_uri": str(v1), "sha256": sha}, headers=AUTH
     )

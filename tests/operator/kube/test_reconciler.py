@@ -192,7 +192,7 @@ def test_a_run_is_ready_only_once_its_trainer_answers_and_every_group_has_a_work
     kube, reconciler, _ = _bound()
     router = Router()
     reconciler.transport = router
-    reconciler.trainer_endpoint = lambda run: "http://trainer"
+    reconciler.trainer_endpoint = lambda run, pool: "http://trainer"
     run_url = path(API_VERSION, "trainingruns", "default", "digits")
     trainer = Trainer(TrainerConfig(model_path=tiny_model, state_dir=tmp_path))
 
