@@ -185,7 +185,7 @@ def test_a_run_trains_on_pods_the_kubelet_runs_from_their_specs(
     Service name; the run trains to its last version. Mid-run, `kubectl get` shows the
     pool's readiness, versions and throughput, the operator's metrics each group's
     workers and demand; every metric the dashboard and HPA name is exported."""
-    iterations = 6  # long enough for the pool to show the run mid-run
+    iterations = 8  # long enough for the pool to show the run mid-run
     docs = _docs(iterations)
     kube = KubernetesEmulator()
     a910x = 'cadence_group_workers{namespace="default",pool="mixed",rolloutgroup="mixed-a910x"}'
@@ -206,7 +206,7 @@ def test_a_run_trains_on_pods_the_kubelet_runs_from_their_specs(
             lambda: (
                 text if f"{a910x} 2.0" in (text := generate_latest(registry).decode()) else None
             ),
-            timeout_s=OPERATOR_S,
+            timeout_s=60,
             what="the operator's metrics showing the a910x group's 2 workers",
         )
         groups = eventually(
@@ -216,7 +216,7 @@ def test_a_run_trains_on_pods_the_kubelet_runs_from_their_specs(
                 if (items := call(url, "GET", f"{NS}/rolloutgroups")["items"])
                 else None
             ),
-            timeout_s=OPERATOR_S,
+            timeout_s=60,
             what="every group's status showing its versions",
         )
         eventually(
@@ -225,7 +225,7 @@ def test_a_run_trains_on_pods_the_kubelet_runs_from_their_specs(
                 and pool.get("versions")
                 and pool.get("ready") == "4/4"
             ),
-            timeout_s=OPERATOR_S,
+            timeout_s=60,
             what="the pool's status showing throughput, versions and 4/4 ready",
         )
         config = write_kubeconfig(tmp_path / "kubeconfig", url)
