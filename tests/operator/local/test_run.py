@@ -1,8 +1,10 @@
 """`cadence run`: the example's pool (two groups, four emulated workers in two host
 processes) trains to the end; every admitted sample ends once, and the measures are
-in the JSON and the report. Under `--chaos` worker processes die mid-run and every sample
-still ends exactly once. `--compare` runs two policies side by side. A bad file exits 2
-with the field path."""
+in the JSON and the report. Under `--chaos` worker processes, the trainer and the
+environment die mid-run and every sample still ends exactly once; a trainer killed from
+outside is restarted and the run goes on. Ctrl-C and SIGTERM stop every child, and a
+killed run's children exit on their own. `--compare` runs two policies side by side. A
+bad file or option exits 2 with one sentence."""
 
 from __future__ import annotations
 
@@ -77,6 +79,33 @@ def test_under_chaos_every_admitted_sample_ends_exactly_once(tmp_path: Path) -> 
 
 
 @pytest.mark.slow
+def test_under_chaos_of_every_kind_every_admitted_sample_ends_once(tmp_path: Path) -> None:
+    turns = tmp_path / "turns.yaml"
+    text = EXAMPLE.read_text().replace("iterations: 30", "iterations: 6")
+    turns.write_text(text + "  multiTurn:\n    environment: calculator\n    maxToolCalls: 2\n")
+    out, workdir = tmp_path / "out.json", tmp_path / "run"
+    chaos = ["--chaos", "1.5", "--chaos-targets", "workers,trainer,environment", "--seed", "1"]
+    assert main(["run", str(turns), *chaos, "--json", str(out), "--workdir", str(workdir)]) == 0
+    result = json.loads(out.read_text())
+    struck = result["chaos"]
+    assert set(struck) == {
+        "worker_sigkill",
+        "worker_sigterm",
+        "trainer_sigkill",
+        "environment_sigkill",
+    }
+    assert sum(struck.values()) >= 3, struck
+    assert result["hosts_killed"] == struck["worker_sigkill"] + struck["worker_sigterm"]
+    assert result["trainer_restarts"] <= struck["trainer_sigkill"]  # the last may come late
+    assert result["environment_restarts"] <= struck["environment_sigkill"]
+    assert result["samples_admitted"] == 6 * 8 * 8 == result["samples_delivered"]
+    assert result["samples_lost"] == 0 and result["samples_duplicated"] == 0
+    with contextlib.closing(sqlite3.connect(workdir / "trainer" / "ledger.db")) as db:
+        states = dict(db.execute("SELECT state, COUNT(*) FROM samples GROUP BY state").fetchall())
+    assert states == {"consumed": 6 * 8 * 8}
+
+
+@pytest.mark.slow
 def test_compare_runs_each_of_the_six_policies_and_prints_them_side_by_side(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -98,6 +127,41 @@ def test_compare_runs_each_of_the_six_policies_and_prints_them_side_by_side(
 def test_an_unknown_policy_in_compare_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["run", str(EXAMPLE), "--compare", "cadence,nope"]) == 2
     assert "unknown policy 'nope'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "sentence"),
+    [
+        ("--chaos", "nan", "--chaos takes the seconds between faults, a positive number, not nan"),
+        ("--chaos", "inf", "--chaos takes the seconds between faults, a positive number, not inf"),
+        ("--chaos", "0", "--chaos takes the seconds between faults, a positive number, not 0.0"),
+        ("--compression", "nan", "--compression must be a positive number, not nan"),
+    ],
+)
+def test_a_chaos_interval_or_compression_that_is_not_a_positive_number_exits_2(
+    option: str, value: str, sentence: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "trainer").mkdir()  # a folder that holds a run: refused later, if at all
+    assert main(["run", str(EXAMPLE), option, value, "--workdir", str(tmp_path)]) == 2
+    assert capsys.readouterr().err == f"cadence: error: {sentence}\n"
+
+
+@pytest.mark.parametrize(
+    ("targets", "sentence"),
+    [
+        ("workers,nodes", "unknown chaos target 'nodes'; known: workers, trainer, environment"),
+        (
+            "environment",
+            "--chaos-targets environment needs a multi-turn run whose environment is the "
+            "calculator cadence run starts",
+        ),
+    ],
+)
+def test_chaos_targets_that_cannot_be_struck_exit_2(
+    targets: str, sentence: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["run", str(EXAMPLE), "--chaos", "1", "--chaos-targets", targets]) == 2
+    assert capsys.readouterr().err == f"cadence: error: {sentence}\n"
 
 
 def test_a_folder_that_holds_a_run_is_refused(
@@ -140,6 +204,109 @@ def test_ctrl_c_stops_every_child_process(tmp_path: Path) -> None:
     assert left == []
 
 
+@pytest.mark.slow
+def test_sigterm_stops_every_child_process(tmp_path: Path) -> None:
+    workdir = tmp_path / "run"
+    run = _start_run(workdir)
+    try:
+        _wait_for_the_run(workdir, run.pid)
+        run.send_signal(signal.SIGTERM)
+        _, err = run.communicate(timeout=60)
+        left = _children(workdir, run.pid)
+    finally:
+        _end(run, workdir)
+    assert run.returncode == 143 and err.decode().rstrip().endswith("cadence: terminated")
+    assert left == []
+
+
+@pytest.mark.slow
+def test_the_children_of_a_killed_run_exit(tmp_path: Path) -> None:
+    workdir = tmp_path / "run"
+    run = _start_run(workdir)
+    try:
+        _wait_for_the_run(workdir, run.pid)
+        run.kill()  # SIGKILL: nothing of the run's own runs on the way out
+        run.wait()
+        eventually(
+            lambda: _children(workdir, run.pid) == [],
+            timeout_s=60,
+            what="the trainer and the worker hosts to exit",
+        )
+    finally:
+        _end(run, workdir)
+
+
+@pytest.mark.slow
+def test_the_run_outlives_its_trainer_killed_mid_run(tmp_path: Path) -> None:
+    spec = tmp_path / "run.yaml"
+    spec.write_text(EXAMPLE.read_text().replace("iterations: 30", "iterations: 4"))
+    workdir = tmp_path / "run"
+    run = _start_run(workdir, spec)
+    try:
+        trainer = _wait_for_the_run(workdir, run.pid)
+        eventually(lambda: _consumed(workdir) >= 8 * 8, timeout_s=120, what="a batch trained")
+        os.kill(trainer, signal.SIGKILL)
+        out, err = run.communicate(timeout=300)
+    finally:
+        _end(run, workdir)
+    assert run.returncode == 0, err.decode()[-2000:]
+    result = json.loads(out.decode().strip().splitlines()[-1])
+    assert result["trainer_restarts"] == 1
+    assert result["samples_admitted"] == 4 * 8 * 8 == result["samples_delivered"]
+    assert result["samples_lost"] == 0 and result["samples_duplicated"] == 0
+    assert len(result["reward_by_version"]) >= 2  # the restarted trainer trained on
+    with contextlib.closing(sqlite3.connect(workdir / "trainer" / "ledger.db")) as db:
+        states = dict(db.execute("SELECT state, COUNT(*) FROM samples GROUP BY state").fetchall())
+    assert states == {"consumed": 4 * 8 * 8}
+
+
+def _start_run(workdir: Path, spec: Path = EXAMPLE) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [*CADENCE, "run", str(spec), "--workdir", str(workdir)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+
+
+def _wait_for_the_run(workdir: Path, pid: int) -> int:
+    """Wait until the run's trainer and both worker hosts are up and samples are admitted;
+    returns the trainer's pid."""
+    what = "the trainer and two worker hosts"
+    eventually(lambda: len(_children(workdir, pid)) >= 3, timeout_s=120, what=what, every_s=0.5)
+    assert len(_children(workdir, pid)) == 3
+    eventually(lambda: _admitted(workdir) > 0, timeout_s=120, what="the run admitting samples")
+    return _child(workdir, "trainer")
+
+
+def _children(workdir: Path, pid: int) -> list[int]:
+    return [p for p in _processes_naming(str(workdir)) if p != pid]
+
+
+def _child(workdir: Path, command: str) -> int:
+    """The pid of the run's `cadence COMMAND` process."""
+    found = [pid for pid, args in _commands_naming(str(workdir)) if args[3] == command.encode()]
+    assert len(found) == 1, found
+    return found[0]
+
+
+def _end(run: subprocess.Popen[bytes], workdir: Path) -> None:
+    """Whatever the test's outcome, nothing of the run is left running."""
+    run.kill()
+    run.wait()
+    for pid in _children(workdir, run.pid):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _consumed(workdir: Path) -> int:
+    """Samples the run's trainer has trained on, from its ledger."""
+    ledger = workdir / "trainer" / "ledger.db"
+    with contextlib.closing(sqlite3.connect(f"file:{ledger}?mode=ro", uri=True)) as db:
+        query = "SELECT COUNT(*) FROM samples WHERE state = 'consumed'"
+        count: int = db.execute(query).fetchone()[0]
+    return count
+
+
 def _admitted(workdir: Path) -> int:
     """Samples the run's trainer has admitted, from its ledger."""
     ledger = workdir / "trainer" / "ledger.db"
@@ -150,6 +317,12 @@ def _admitted(workdir: Path) -> int:
 
 def _processes_naming(text: str) -> list[int]:
     """Processes whose command line holds `text` (the run's children name its folder)."""
+    return [pid for pid, _ in _commands_naming(text)]
+
+
+def _commands_naming(text: str) -> list[tuple[int, list[bytes]]]:
+    """`cadence` processes whose command line holds `text`, with their arguments; a
+    zombie (exited, not yet reaped) has none, so it is not listed."""
     found = []
     for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
         try:
@@ -157,7 +330,7 @@ def _processes_naming(text: str) -> list[int]:
         except OSError:  # it exited meanwhile
             continue
         if b"entry()" in b" ".join(args) and any(text.encode() in a for a in args[3:]):
-            found.append(int(cmdline.parent.name))
+            found.append((int(cmdline.parent.name), args))
     return found
 
 

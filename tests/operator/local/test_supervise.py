@@ -1,0 +1,160 @@
+"""What keeps a `cadence run`'s processes running: a trainer that exits is started again in
+place, however often chaos kills it, even while it starts; one that keeps failing to start
+fails the run in one sentence naming its log; a worker host that exits is replaced by one
+whose workers have new names, and they join the control loop once they answer.
+
+The processes are real (`sleep`), so exits and signals are the operating system's; what
+`/healthz` would say is set by the test (`answering`)."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import subprocess
+from collections.abc import Mapping
+from pathlib import Path
+
+import pytest
+
+from cadence.operator.local import supervise
+from cadence.operator.local.processes import Children
+from cadence.operator.local.supervise import PoolWorker, Supervisor
+from tests.helpers import eventually_async
+
+pytestmark = pytest.mark.timeout(60)
+
+
+class Processes(Children):
+    """`Children` whose processes are `sleep 600`, healthy once the test says so (a name
+    may be said to answer before it starts; a restart under it must be said again)."""
+
+    def __init__(self, logs: Path | None = None) -> None:
+        super().__init__(logs, env={}, grace_s=1.0)
+        self.answering: set[str] = set()
+        self.started: list[str] = []
+
+    def _spawn(self, name: str) -> None:
+        if name in self.processes:  # a restart answers when the test says so again
+            self.answering.discard(name)
+        self.started.append(name)
+        self.processes[name] = subprocess.Popen(["sleep", "600"])
+
+    async def healthy(self, name: str, within_s: float) -> None:
+        process = self.processes[name]
+        while name not in self.answering or self.processes[name] is not process:
+            if process.poll() is not None:
+                raise RuntimeError(f"{name} exited with status {process.returncode} while starting")
+            await asyncio.sleep(0.005)
+
+
+class Loop:
+    """What the supervisor tells the control loop: workers that joined."""
+
+    def __init__(self) -> None:
+        self.joined: list[tuple[dict[str, str], str | None]] = []
+
+    def add_workers(self, urls: Mapping[str, str], host: str | None = None) -> None:
+        self.joined.append((dict(urls), host))
+
+
+@pytest.fixture(autouse=True)
+def _quick(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(supervise, "WATCH_S", 0.005)
+    monkeypatch.setattr(supervise, "BACKOFF_S", 0.005)
+
+
+async def _serving(sup: Supervisor, name: str) -> None:
+    async def serving() -> bool:
+        return sup.state.get(name) == "serving"
+
+    await eventually_async(serving, timeout_s=10, what=f"{name} serving")
+
+
+def test_a_trainer_killed_again_and_again_even_while_it_starts_is_started_again() -> None:
+    async def go() -> Supervisor:
+        children = Processes()
+        async with children:
+            sup = Supervisor(children, [], Path("/nonexistent"))
+            children.answering.add("trainer")
+            sup.start_service("trainer", ["trainer"])
+            await sup.healthy("trainer", within_s=10)
+            async with sup.watching():
+                for _ in range(supervise.START_TRIES + 2):  # struck before it answers
+                    process = children.processes["trainer"]
+                    sup.send("trainer", signal.SIGKILL)
+
+                    async def restarted(p: object = process) -> bool:
+                        return children.processes["trainer"] is not p
+
+                    await eventually_async(restarted, timeout_s=10, what="a restart")
+                children.answering.add("trainer")
+                await _serving(sup, "trainer")
+                assert children.running("trainer")
+        return sup
+
+    sup = asyncio.run(go())
+    assert sup.failed is None
+    assert sup.restarts["trainer"] == supervise.START_TRIES + 2
+
+
+def test_a_trainer_that_keeps_exiting_as_it_starts_fails_the_run_naming_its_log(
+    tmp_path: Path,
+) -> None:
+    async def go() -> Supervisor:
+        children = Processes(tmp_path)
+        async with children:
+            sup = Supervisor(children, [], tmp_path)
+            children.answering.add("trainer")
+            sup.start_service("trainer", ["trainer"])
+            await sup.healthy("trainer", within_s=10)
+            async with sup.watching():
+                children.processes["trainer"].kill()  # a crash, not chaos
+                for _ in range(supervise.START_TRIES):
+
+                    async def started_again(n: int = len(children.started)) -> bool:
+                        return len(children.started) > n or sup.failed is not None
+
+                    await eventually_async(started_again, timeout_s=10, what="a restart")
+                    children.processes["trainer"].kill()  # it dies as it starts
+
+                async def failed() -> bool:
+                    return sup.failed is not None
+
+                await eventually_async(failed, timeout_s=10, what="the run given up")
+        return sup
+
+    sup = asyncio.run(go())
+    log = tmp_path / "trainer.log"
+    assert (
+        sup.failed
+        == f"trainer exited {supervise.START_TRIES} times in a row while starting; see {log}"
+    )
+
+
+def test_a_host_that_exits_is_replaced_and_its_new_workers_join_the_loop() -> None:
+    workers = [PoolWorker("h800-0", "H800", 2, 2.0), PoolWorker("a910x-0", "A910X", 1, 1.2)]
+
+    async def go() -> tuple[Supervisor, Loop, Processes]:
+        children = Processes()
+        loop = Loop()
+        async with children:
+            sup = Supervisor(children, ["--model", "m"], Path("/w"))
+            sup.loop = loop  # type: ignore[assignment]
+            children.answering.add("host-0")
+            await sup.start_pool(workers, hosts=1)
+            async with sup.watching():
+                sup.send("host-0", signal.SIGTERM)  # drained, it exits
+                children.answering.add("host-0-r1")
+                await _serving(sup, "host-0-r1")
+        return sup, loop, children
+
+    sup, loop, children = asyncio.run(go())
+    url = children.urls["host-0-r1"]
+    assert loop.joined == [
+        ({"h800-0-r1": f"{url}/h800-0-r1", "a910x-0-r1": f"{url}/a910x-0-r1"}, url)
+    ]
+    assert sup.replaced == 2 and sup.events == [
+        "SIGTERM to host-0 (h800-0, a910x-0)",
+        "replaced by a910x-0-r1, h800-0-r1",
+    ]
+    assert [t.name for t in sup.live()] == ["host-0-r1"]
