@@ -79,6 +79,15 @@ class RecordMany(_Body):
     records: list[Record] = Field(max_length=100_000)
 
 
+class RequeueRequest(_Body):
+    """POST /v1/samples/{id}/requeue. `fault` says whose the re-queue is: the sample's
+    (its placement refused as invalid, its decode step failed, its delivery refused)
+    counts toward the ledger's MAX_REQUEUES, after which it ends failed; a worker's
+    (lost, killed, unreachable, full) does not: nothing is wrong with the sample."""
+
+    fault: Literal["sample", "worker"] = "sample"
+
+
 class RequeueResponse(_Body):
     attempt: int
 

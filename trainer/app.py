@@ -34,6 +34,7 @@ from cadence.trainer.api import (
     PublishRequest,
     RecordMany,
     RecordRequest,
+    RequeueRequest,
     RequeueResponse,
     RunStats,
     SubmitRequest,
@@ -164,10 +165,12 @@ def create_app(trainer: Trainer, token: str, *, train: bool = True) -> FastAPI:
                 raise web.Refusal(422, "invalid", str(e)) from None
 
     @app.post("/v1/samples/{sid}/requeue", dependencies=guarded)
-    async def requeue(sid: str) -> RequeueResponse:
+    async def requeue(sid: str, body: RequeueRequest | None = None) -> RequeueResponse:
+        charged = body is None or body.fault == "sample"
         with trainer.lock:
             try:
-                return RequeueResponse(attempt=trainer.ledger.requeue(sid, time.time()))
+                attempt = trainer.ledger.requeue(sid, time.time(), charged=charged)
+                return RequeueResponse(attempt=attempt)
             except UnknownSample as e:
                 raise web.Refusal(404, "unknown", str(e)) from None
             except LedgerError as e:

@@ -14,6 +14,7 @@ import asyncio
 import hashlib
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Literal
 
 from cadence.common.web import ServiceClient, ServiceError
 from cadence.trainer.api import (
@@ -25,6 +26,7 @@ from cadence.trainer.api import (
     Record,
     RecordMany,
     RecordRequest,
+    RequeueRequest,
     RequeueResponse,
     RunStats,
     SubmitRequest,
@@ -57,8 +59,9 @@ class TrainerClient(ServiceClient):
         body = RecordMany(records=list(records))
         return int((await self._call("POST", "/v1/samples/record", body))["recorded"])
 
-    async def requeue(self, sid: str) -> int:
-        data = await self._call("POST", f"/v1/samples/{sid}/requeue")
+    async def requeue(self, sid: str, fault: Literal["sample", "worker"] = "sample") -> int:
+        body = RequeueRequest(fault=fault)
+        data = await self._call("POST", f"/v1/samples/{sid}/requeue", body)
         return RequeueResponse.model_validate(data).attempt
 
     async def version(self, v: int | None = None) -> VersionInfo:

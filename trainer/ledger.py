@@ -29,9 +29,10 @@ from cadence.worker.api import Delivery, Timings
 SampleState = Literal["fresh", "placed", "parked", "environment", "delivered", "consumed"]
 IN_FLIGHT: tuple[SampleState, ...] = ("placed", "parked", "environment")
 Accepted = Literal["accepted", "duplicate", "stale", "unknown", "invalid"]
-# A sample re-queued this many times (its worker lost, its placement refused, its step
-# failed, its delivery refused) ends failed instead: masked in training, never placed
-# again, so an input no worker can decode cannot cycle for ever.
+# A sample re-queued this many times for its own fault (its placement refused as
+# invalid, its decode step failed, its delivery refused; a lost worker does not count)
+# ends failed instead: masked in training, never placed again, so an input no worker can
+# decode cannot cycle for ever.
 MAX_REQUEUES = 8
 
 _SCHEMA = """
@@ -52,7 +53,7 @@ CREATE TABLE IF NOT EXISTS samples (
     reward REAL,
     failed INTEGER NOT NULL DEFAULT 0,
     delivery TEXT,                 -- the accepted Delivery, JSON
-    requeues INTEGER NOT NULL DEFAULT 0  -- times re-queued from its prompt
+    requeues INTEGER NOT NULL DEFAULT 0  -- re-queues that were the sample's fault
 );
 CREATE TABLE IF NOT EXISTS submitted (  -- prompts an external trainer sent, in order
     seq INTEGER PRIMARY KEY,
@@ -270,22 +271,23 @@ class Ledger:
                 taken += cur.rowcount
         return taken
 
-    def requeue(self, sid: str, now: float = 0.0) -> int:
+    def requeue(self, sid: str, now: float = 0.0, *, charged: bool = True) -> int:
         """Back to fresh and unbound under the next attempt (its partial output is gone);
         returns the new attempt. A delivered or consumed sample is not re-queued. The
-        MAX_REQUEUES-th re-queue ends the sample instead: delivered, failed, empty."""
+        MAX_REQUEUES-th `charged` re-queue (the sample's fault, not its worker's) ends the
+        sample instead: delivered, failed, empty."""
         with self._tx():
             s = self.sample(sid)
             if s.state in ("delivered", "consumed"):
                 raise LedgerError(f"sample {sid} is {s.state}; it is not re-queued")
             row = self.db.execute("SELECT requeues FROM samples WHERE id = ?", (sid,)).fetchone()
-            if int(row[0]) + 1 >= MAX_REQUEUES:
+            if charged and int(row[0]) + 1 >= MAX_REQUEUES:
                 self._end_failed(s, now)
                 return s.attempt + 1
             self.db.execute(
                 "UPDATE samples SET state = 'fresh', worker = NULL, version = NULL, "
-                "attempt = attempt + 1, requeues = requeues + 1 WHERE id = ?",
-                (sid,),
+                "attempt = attempt + 1, requeues = requeues + ? WHERE id = ?",
+                (int(charged), sid),
             )
         return s.attempt + 1
 

@@ -27,7 +27,7 @@ import zlib
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import httpx
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -286,8 +286,11 @@ class ControlLoop:
                 continue
             if s.worker is not None and s.worker not in live and s.worker not in self._lost:
                 continue  # its worker is silent but not lost yet: wait
+            # Gone with its worker, or dropped by a live one (a failed step, a refused
+            # delivery): only the second is the sample's fault.
+            fault: Literal["sample", "worker"] = "sample" if s.worker in live else "worker"
             try:
-                await self.trainer.requeue(s.id)
+                await self.trainer.requeue(s.id, fault)
                 requeued += 1
             except TrainerError as e:
                 if e.status != 409:  # 409: it was delivered meanwhile
@@ -548,7 +551,8 @@ class ControlLoop:
             errors += 1
             log.warning("placing %s failed: %r", r.id, result)
             if r.fresh is not None:
-                await self.trainer.requeue(r.id)
+                invalid = getattr(result, "status", None) == 422  # never startable anywhere
+                await self.trainer.requeue(r.id, "sample" if invalid else "worker")
             elif r.source is not None:
                 back.append(
                     Record(id=r.id, attempt=r.attempt, state="parked", worker=r.source.worker_id)

@@ -64,6 +64,8 @@ def test_a_sample_no_worker_holds_is_requeued_under_a_new_attempt(pool: LocalPoo
         assert report.requeued == 1
         sample = pool.trainer.ledger.sample(lost)
         assert sample.attempt == 1
+        dropped = "SELECT requeues FROM samples WHERE id = ?"  # by a live worker: counted
+        assert pool.trainer.ledger.db.execute(dropped, (lost,)).fetchone() == (1,)
         # The next cycles place it again and it completes, once, under that attempt.
         for _ in range(40):
             await pool.decode(steps=4)
@@ -95,6 +97,8 @@ def test_a_silent_worker_is_declared_lost_after_lost_after_s_and_its_work_moves(
         pool.clock.work(5.0)
         report = await loop.cycle()
         assert report.lost == ["w0"] and report.requeued == len(on_w0)
+        charged = pool.trainer.ledger.db.execute("SELECT SUM(requeues) FROM samples").fetchone()
+        assert charged == (0,)  # the worker's fault: nothing counts toward MAX_REQUEUES
         for _ in range(40):
             await loop.cycle()
             await pool.decode(steps=4)
