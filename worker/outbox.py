@@ -37,7 +37,8 @@ class Outbox:
     clock: Clock
     capacity: int = 1024
     backoff_s: float = 0.5
-    max_backoff_s: float = 30.0
+    # Short: a worker retries a recovered trainer within seconds (one request a try).
+    max_backoff_s: float = 5.0
     queue: collections.deque[Delivery] = field(default_factory=collections.deque)
     delivered: int = 0
     failures: int = 0
