@@ -78,7 +78,6 @@ def test_under_chaos_every_admitted_sample_ends_exactly_once(tmp_path: Path) -> 
     ).fetchall()
     assert len(accepted) == len({sid for sid, _, _ in accepted}) == 6 * 8 * 8
     assert all(delivered == current for _, delivered, current in accepted)
-    assert max(current for _, _, current in accepted) >= 1  # some ran again after a loss
 
 
 @pytest.mark.slow
