@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from cadence.worker.api import MIN_TEMPERATURE
+from cadence.worker.api import greedy_or_above_the_floor
 
 
 class TrainerConfig(BaseModel):
@@ -32,12 +32,7 @@ class TrainerConfig(BaseModel):
     max_tokens: int = Field(default=12, ge=1)
     temperature: float = Field(default=1.0, ge=0.0)
 
-    @field_validator("temperature")
-    @classmethod
-    def _greedy_or_above_the_floor(cls, t: float) -> float:
-        if 0.0 < t < MIN_TEMPERATURE:
-            raise ValueError(f"must be 0 (greedy) or at least {MIN_TEMPERATURE}, vLLM's floor")
-        return t
+    _floor = field_validator("temperature")(greedy_or_above_the_floor)
 
     seed: int = 0
     # Where an external trainer leaves the weights it publishes by path (a volume both

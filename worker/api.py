@@ -33,6 +33,15 @@ MIN_TEMPERATURE = 1e-2
 Url = Annotated[str, Field(min_length=1, max_length=2048, pattern=r"^https?://[^\s/?#]+(/\S*)?$")]
 
 
+def greedy_or_above_the_floor(t: float) -> float:
+    """A temperature the workers take: 0, or at least vLLM's floor. The TrainingRun and
+    the trainer's config check it too, so a run is refused where it is written rather
+    than at every placement."""
+    if 0.0 < t < MIN_TEMPERATURE:
+        raise ValueError(f"must be 0 (greedy) or at least {MIN_TEMPERATURE}, vLLM's floor")
+    return t
+
+
 class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -44,12 +53,7 @@ class Sampling(_Body):
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     seed: int | None = Field(default=None, ge=0, le=2**63 - 1)
 
-    @field_validator("temperature")
-    @classmethod
-    def _greedy_or_above_the_floor(cls, t: float) -> float:
-        if 0.0 < t < MIN_TEMPERATURE:
-            raise ValueError(f"must be 0 (greedy) or at least {MIN_TEMPERATURE}")
-        return t
+    _floor = field_validator("temperature")(greedy_or_above_the_floor)
 
 
 class FreshStart(_Body):

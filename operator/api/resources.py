@@ -35,14 +35,7 @@ from pydantic.config import JsonDict
 from cadence.common.catalog import ACCELERATORS, MODELS
 from cadence.operator.scheduler.registry import POLICIES
 from cadence.sim.scenario import AutoOrTokens
-from cadence.worker.api import MIN_TEMPERATURE
-
-
-def _temperature(t: float) -> float:
-    """Refused where the workers would refuse every placement made with it."""
-    if 0.0 < t < MIN_TEMPERATURE:
-        raise ValueError(f"must be 0 (greedy) or at least {MIN_TEMPERATURE}, vLLM's floor")
-    return t
+from cadence.worker.api import greedy_or_above_the_floor
 
 
 def _version() -> str:
@@ -619,10 +612,7 @@ class BatchSpec(_Spec):
     """The workers' sampling temperature (0: greedy, else at least 0.01, vLLM's floor),
     which the trainer scores at too."""
 
-    @field_validator("temperature")
-    @classmethod
-    def _greedy_or_above_the_floor(cls, t: float) -> float:
-        return _temperature(t)
+    _floor = field_validator("temperature")(greedy_or_above_the_floor)
 
 
 class MultiTurnSpec(_Spec):
