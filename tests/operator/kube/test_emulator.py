@@ -381,6 +381,20 @@ BAD_POOLS = [
 ]
 
 
+def _kubectl_apply(
+    cluster: str, tmp_path: Path, doc: dict[str, Any]
+) -> subprocess.CompletedProcess[str]:
+    """`kubectl apply -f` of `doc` against the emulator, as a user would, unchecked."""
+    (tmp_path / "doc.yaml").write_text(yaml.safe_dump(doc))
+    config = write_kubeconfig(tmp_path / "kubeconfig", cluster)
+    return subprocess.run(
+        ["kubectl", "--kubeconfig", str(config), "apply", "-f", str(tmp_path / "doc.yaml")],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+
+
 @pytest.mark.kubectl
 @pytest.mark.parametrize(("change", "field"), BAD_POOLS)
 def test_kubectl_apply_of_an_invalid_pool_is_refused_naming_the_field(
@@ -394,21 +408,7 @@ def test_kubectl_apply_of_an_invalid_pool_is_refused_naming_the_field(
         for part in parents:
             node = node[int(part)] if part.isdigit() else node[part]
         node[leaf] = value
-    (tmp_path / "bad.yaml").write_text(yaml.safe_dump(pool))
-    config = write_kubeconfig(tmp_path / "kubeconfig", cluster)
-    done = subprocess.run(
-        [
-            "kubectl",
-            "--kubeconfig",
-            str(config),
-            "apply",
-            "-f",
-            str(tmp_path / "bad.yaml"),
-        ],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    done = _kubectl_apply(cluster, tmp_path, pool)
     assert done.returncode != 0
     assert '"mixed" is invalid' in done.stderr and field in done.stderr, done.stderr
     with pytest.raises(ApiError) as missing:
@@ -425,14 +425,7 @@ def test_kubectl_apply_of_a_misspelt_field_is_refused_not_dropped(
     name, where pruning would have dropped it silently."""
     pool = example("RolloutPool")
     pool["spec"]["groups"][0]["replica"] = 3
-    (tmp_path / "typo.yaml").write_text(yaml.safe_dump(pool))
-    config = write_kubeconfig(tmp_path / "kubeconfig", cluster)
-    done = subprocess.run(
-        ["kubectl", "--kubeconfig", str(config), "apply", "-f", str(tmp_path / "typo.yaml")],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    done = _kubectl_apply(cluster, tmp_path, pool)
     assert done.returncode != 0
     assert 'strict decoding error: unknown field "spec.groups[0].replica"' in done.stderr
     with pytest.raises(ApiError):
@@ -445,14 +438,7 @@ def test_kubectl_apply_of_a_run_whose_hmin_is_not_a_number_is_refused(
 ) -> None:
     run = example("TrainingRun")
     run["spec"]["scheduler"]["hMin"] = "lots"
-    (tmp_path / "bad.yaml").write_text(yaml.safe_dump(run))
-    config = write_kubeconfig(tmp_path / "kubeconfig", cluster)
-    done = subprocess.run(
-        ["kubectl", "--kubeconfig", str(config), "apply", "-f", str(tmp_path / "bad.yaml")],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    done = _kubectl_apply(cluster, tmp_path, run)
     assert done.returncode != 0
     assert '"digits" is invalid' in done.stderr and "spec.scheduler.hMin" in done.stderr, (
         done.stderr
