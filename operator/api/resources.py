@@ -588,6 +588,11 @@ class SchedulerSpec(_Spec):
     concentrate_without_fresh: bool = False
     """Start concentration even when no newer version has fresh work for the emptied
     source (the Cadence policy's experiment switch, off by default)."""
+    migration: Literal["auto", "kv", "reprefill"] = "auto"
+    """How a departed trajectory moves between workers: auto pulls its KV cache where the
+    two workers' KV layouts match (same model, dtype, block size, parallel layout and
+    accelerator type) and re-prefills it otherwise; kv moves it only to a worker that can
+    pull its KV; reprefill always recomputes it on the destination."""
 
     @model_validator(mode="after")
     def _known(self) -> Self:

@@ -22,6 +22,7 @@ def knobs_of(run: TrainingRun) -> Knobs:
         min_decode=s.min_decode,
         concentrate_without_fresh=s.concentrate_without_fresh,
         control_period_s=s.control_period_s,
+        migration=s.migration,
     )
 
 

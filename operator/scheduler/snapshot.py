@@ -23,6 +23,11 @@ from typing import Literal
 from cadence.operator.scheduler.cost import StepCost
 from cadence.operator.scheduler.errors import ConfigError
 
+# How a departed trajectory moves to another worker: auto pulls its KV blocks where the
+# pair's layouts match (same transfer group) and re-prefills otherwise; kv moves it only
+# to a worker that can pull them; reprefill never pulls.
+Migration = Literal["auto", "kv", "reprefill"]
+
 
 @dataclass(frozen=True, slots=True)
 class Resident:
@@ -57,6 +62,10 @@ class WorkerView:
     draining: bool = False
     max_seqs: int | None = None
     cost: StepCost | None = None
+    # Workers with the same (non-None) transfer group have identical KV layouts (model,
+    # dtype, block size, parallel layout, accelerator type) and can pull each other's KV
+    # blocks; a move between any other pair re-prefills on the destination.
+    transfer_group: str | None = None
     used: int = field(init=False)
     # Residents' contexts and tokens decoded since placement, shortest first: the
     # concentration rule's "residents shorter than the incoming trajectory" reads these.
@@ -158,6 +167,7 @@ class Knobs:
     auto_h_min: bool = False
     auto_delta: bool = False
     control_period_s: float = 1.0
+    migration: Migration = "auto"
 
     def __post_init__(self) -> None:
         if self.h_min < 0:
@@ -187,6 +197,7 @@ class Knobs:
         min_decode: int,
         concentrate_without_fresh: bool,
         control_period_s: float,
+        migration: Migration = "auto",
     ) -> Knobs:
         """Knobs from a spec whose floor and reserve are pinned tokens or "auto": auto is
         derived per worker each cycle, and `sizing` (floor, reserve) sizes the pool."""
@@ -199,6 +210,7 @@ class Knobs:
             auto_h_min=h_min == "auto",
             auto_delta=delta == "auto",
             control_period_s=control_period_s,
+            migration=migration,
         )
 
 
