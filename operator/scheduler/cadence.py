@@ -19,6 +19,11 @@ clock, no randomness. The order of a cycle is
 
 Trajectories departed in step 4 are pending from that moment and are offered to steps 5
 and 6 in the same cycle: a departure commits to a direction, not a target.
+
+Steps 5 to 7 read the move rule (`moves.py`): where two targets are otherwise equal a
+departed trajectory goes where it can be pulled (then where the move is cheaper), under
+migration kv it goes only where it can be pulled unless no worker of its source's group
+serves its version, and work conservation prices each move by its kind.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from cadence.operator.scheduler.concentration import (
 )
 from cadence.operator.scheduler.errors import ConfigError
 from cadence.operator.scheduler.lift import lift_tail
+from cadence.operator.scheduler.moves import MoveRule
 from cadence.operator.scheduler.pacing import (
     Fit,
     evict_longest_to_floor,
@@ -109,6 +115,9 @@ class CadencePolicy:
         sources = {v: src.id for v, src in concentrating.items() if src is not None}
 
         departed = _restore_floors(by_version, concentrating, knobs, snapshot.now, actions)
+        # Hosts: workers that may take a placement this cycle (sources and advancing
+        # workers may not), for the kv knob's "some worker of the group can pull it".
+        moves = MoveRule(snapshot, [w.view for w in workers if w.accepting])
 
         def streams(v: int) -> list[Stream]:
             """P_v's placeable trajectories as observed, and this cycle's departures."""
@@ -129,6 +138,7 @@ class CadencePolicy:
                 min_decode=knobs.min_decode,
                 out=actions,
                 left=left,
+                moves=moves,
             )
         pacing_workers = {v: ws for v, ws in by_version.items() if v not in concentrating}
         pending = [(v, items) for v in pacing_workers for items, _ in streams(v)]
@@ -141,7 +151,7 @@ class CadencePolicy:
             pool = pacing_workers
             if k == 1:
                 placed = {a.trajectory for a in actions if isinstance(a, Place)}
-                pool = hold_for_waiting(pacing_workers, pending, placed)
+                pool = hold_for_waiting(pacing_workers, pending, placed, moves)
             place_by_fit(
                 pool,
                 pending_pass,
@@ -149,11 +159,12 @@ class CadencePolicy:
                 eta=knobs.eta,
                 out=actions,
                 fit=self.fit,
+                moves=moves,
             )
         if self.lift:
             for version, members in pacing_workers.items():
                 if short_end.exhausted(version):
-                    lift_tail(members, knobs.min_decode, knobs.control_period_s, actions)
+                    lift_tail(members, knobs.min_decode, knobs.control_period_s, actions, moves)
         return actions, CadenceState.of(sources)
 
 

@@ -17,6 +17,7 @@ from bisect import bisect_left, bisect_right
 from collections.abc import Mapping, Sequence
 
 from cadence.operator.scheduler.actions import Action, Evict, EvictReason, Place
+from cadence.operator.scheduler.moves import MoveRule
 from cadence.operator.scheduler.snapshot import PendingTrajectory
 from cadence.operator.scheduler.working import WorkingWorker
 
@@ -68,6 +69,7 @@ Stream = tuple[Sequence[PendingTrajectory], Sequence[int]]
 """Placeable pending trajectories ascending by (context, id), and their contexts."""
 
 _Pick = tuple[int, str, int, int]  # (context, id, stream, position)
+_Class = tuple[int, str]  # (affinity rank, transfer group under migration kv, else "")
 
 
 def _margin(w: WorkingWorker) -> int:
@@ -94,6 +96,11 @@ class TargetIndex:
     pending contexts instead of trying each in turn: with the target's evictable residents
     sorted e_0 <= e_1 <= ..., a trajectory of context c in (e_{k-1}, e_k] fits iff
     c <= margin + (e_0 + ... + e_{k-1}), so each segment is one range query.
+
+    With a move rule, two targets otherwise equal for a trajectory (same rank and margin)
+    go by the cheaper move (a KV pull first, `moves.py`). Under migration kv each rank is
+    split by transfer group, and a target takes only trajectories whose source is in its
+    group, or that may go anywhere (`MoveRule.restriction`).
     """
 
     __slots__ = (
@@ -101,8 +108,10 @@ class TargetIndex:
         "_classes",
         "_his",
         "_left",
+        "_moves",
         "_picks",
         "_reach",
+        "_split",
         "_streams",
         "min_decode",
     )
@@ -113,8 +122,11 @@ class TargetIndex:
         streams: Sequence[Stream],
         min_decode: int,
         left: Mapping[str, str] | None = None,
+        moves: MoveRule | None = None,
     ) -> None:
         self.min_decode = min_decode
+        self._moves = moves
+        self._split = moves is not None and moves.migration == "kv"
         # Trajectories that left a worker this cycle, by the worker: never placed back
         # on it in the same plan (a target making room can open the gap they left).
         self._left = left or {}
@@ -123,13 +135,14 @@ class TargetIndex:
         self._changes = {w.id: 0 for w in targets}
         # Per rank, each candidate with its pick, its worker's stamp when the pick was
         # computed, and its margin then.
-        self._picks: dict[int, list[tuple[WorkingWorker, _Pick | None, int, int]]] = {}
-        # Per affinity rank, highest first: max-heaps by margin and by reach, stamped.
-        by_rank: dict[int, list[tuple[int, str, int, WorkingWorker]]] = {}
-        reach: dict[int, list[tuple[int, str, int, WorkingWorker]]] = {}
+        self._picks: dict[_Class, list[tuple[WorkingWorker, _Pick | None, int, int]]] = {}
+        # Per class, highest rank first: max-heaps by margin and by reach, stamped.
+        by_rank: dict[_Class, list[tuple[int, str, int, WorkingWorker]]] = {}
+        reach: dict[_Class, list[tuple[int, str, int, WorkingWorker]]] = {}
         for w in targets:
-            by_rank.setdefault(w.affinity, []).append((-_margin(w), w.id, 0, w))
-            reach.setdefault(w.affinity, []).append((-self._reach_of(w), w.id, 0, w))
+            c = self._class_of(w)
+            by_rank.setdefault(c, []).append((-_margin(w), w.id, 0, w))
+            reach.setdefault(c, []).append((-self._reach_of(w), w.id, 0, w))
         self._classes = {rank: by_rank[rank] for rank in sorted(by_rank, reverse=True)}
         self._reach = reach
         for rank in self._classes:
@@ -137,10 +150,16 @@ class TargetIndex:
             heapq.heapify(self._reach[rank])
             self._refresh(rank)
 
+    def _class_of(self, w: WorkingWorker) -> _Class:
+        return (w.affinity, (w.view.transfer_group or "") if self._split else "")
+
+    def _allowed(self, p: PendingTrajectory, w: WorkingWorker) -> bool:
+        return self._moves is None or not self._split or self._moves.allowed(p, w.view)
+
     def _reach_of(self, w: WorkingWorker) -> int:
         return _margin(w) + w.evictable_kv(self.min_decode)
 
-    def _candidates(self, rank: int) -> list[WorkingWorker]:
+    def _candidates(self, rank: _Class) -> list[WorkingWorker]:
         """The rank's top by margin and top by reach (one worker if they coincide)."""
         out: list[WorkingWorker] = []
         for heap in (self._classes[rank], self._reach[rank]):
@@ -199,13 +218,15 @@ class TargetIndex:
             if not hi or (best is not None and contexts[hi - 1] < best[0]):
                 continue
             j = self._next_fit(w, contexts, hi)
-            while j >= 0 and self._left.get(items[j].id) == w.id:
+            while j >= 0 and (
+                self._left.get(items[j].id) == w.id or not self._allowed(items[j], w)
+            ):
                 j = self._next_fit(w, contexts, j)
             if j >= 0 and (best is None or (contexts[j], items[j].id) > best[:2]):
                 best = (contexts[j], items[j].id, n, j)
         return best
 
-    def _refresh(self, rank: int) -> None:
+    def _refresh(self, rank: _Class) -> None:
         """Make the rank's candidates current, each with an up-to-date pick."""
         kept = {w.id: (pick, stamp) for w, pick, stamp, _ in self._picks.get(rank, [])}
         entries = []
@@ -222,13 +243,14 @@ class TargetIndex:
     def place_next(self, out: list[Action]) -> int | None:
         """Place the longest trajectory any target can take; return how many residents
         it displaced, or None when no target can take any."""
-        best: tuple[tuple[int, str, int, int], WorkingWorker, _Pick] | None = None
+        best: tuple[tuple[int, str, int, int, tuple[int, float]], WorkingWorker, _Pick] | None
+        best = None
         for rank, entries in self._picks.items():
             if any(p is not None and not self._live(p) for _, p, _, _ in entries):
                 self._refresh(rank)  # a pick was taken by another rank's placement
             for w, pick, _, margin in self._picks[rank]:
                 if pick is not None:
-                    key = (pick[0], pick[1], rank, margin)
+                    key = (pick[0], pick[1], rank[0], margin, self._preference(pick, w))
                     if best is None or key > best[0]:
                         best = (key, w, pick)
         if best is None:
@@ -240,15 +262,25 @@ class TargetIndex:
             for m, st in enumerate(self._streams)
         ]
         displaced = self.place_on(w, trajectory, context, out)
-        self._refresh(w.affinity)
+        self._refresh(self._class_of(w))
         return displaced
 
-    def first_fit(self, context: int) -> WorkingWorker | None:
+    def _preference(self, pick: _Pick, w: WorkingWorker) -> tuple[int, float]:
+        """Higher is better: the move's preference key, negated (0s without a rule)."""
+        if self._moves is None:
+            return (0, 0.0)
+        rank, seconds = self._moves.of(self._streams[pick[2]][0][pick[3]], w.view).key()
+        return (-rank, -seconds)
+
+    def first_fit(self, context: int, group: str | None = None) -> WorkingWorker | None:
         """The first target, in order of affinity rank then margin, that can take
         `context`. A rank's top by margin takes it without displacing anyone or no worker
         of that rank can; only then are the others tried, and the first that can would
-        displace someone, which stops the source for this cycle: one scan per cycle."""
-        for heap in self._classes.values():
+        displace someone, which stops the source for this cycle: one scan per cycle.
+        `group`: under migration kv, the only transfer group it may go to."""
+        for c, heap in self._classes.items():
+            if group is not None and self._split and c[1] != group:
+                continue
             while heap and heap[0][2] != self._changes[heap[0][1]]:
                 heapq.heappop(heap)  # a stale entry; its worker was re-entered
             if not heap:
@@ -286,7 +318,7 @@ class TargetIndex:
         out.append(Place(trajectory, worker.id, worker.version, context))
         self._changes[worker.id] += 1
         heapq.heappush(
-            self._classes[worker.affinity],
+            self._classes[self._class_of(worker)],
             (-_margin(worker), worker.id, self._changes[worker.id], worker),
         )
         return len(victims)
@@ -309,6 +341,7 @@ def concentrate(
     min_decode: int,
     out: list[Action],
     left: Mapping[str, str] | None = None,
+    moves: MoveRule | None = None,
 ) -> None:
     """One cycle of concentration for one version (`left`: this cycle's departures, each
     to the worker it left, which will not take it back).
@@ -318,9 +351,10 @@ def concentrate(
     target, in order of affinity rank then margin, that can take it. Then, backpressure:
     the source departs its next longest resident only while P_v holds no placeable
     trajectory, and each departure is offered to the targets at once; the first one they
-    cannot absorb stays in P_v and stops the source for this cycle.
+    cannot absorb stays in P_v and stops the source for this cycle. Under migration kv a
+    departure goes only to a target of the source's group while one serves the version.
     """
-    index = TargetIndex(targets, streams, min_decode, left)
+    index = TargetIndex(targets, streams, min_decode, left, moves)
     placed = displaced = 0
     while (moved := index.place_next(out)) is not None:
         placed += 1
@@ -335,7 +369,10 @@ def concentrate(
             return
         victim = source.pop(at, min_decode)
         out.append(Evict(victim.id, source.id, victim.context, EvictReason.SOURCE))
-        target = index.first_fit(victim.context)
+        group = None
+        if moves is not None and source.version is not None:
+            group = moves.restricts_from(source.view, source.version)
+        target = index.first_fit(victim.context, group)
         if target is None:
             return
         blocked = index.place_on(target, victim.id, victim.context, out) > 0

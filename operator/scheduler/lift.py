@@ -8,10 +8,16 @@ The same happens within one affinity rank on compute-weak devices: the tail gath
 on a few workers whose decode is compute-bound, each resident's step slowed by all the
 others, while their peers sit empty. This rule keeps them busy: the longest residents
 move to workers of higher affinity, or of the same affinity stepping faster, with room,
-each move only if the decode time it saves at the target's step rate exceeds the prefill
-it costs there. A move never goes down in affinity, the target takes it under the pacing
+each move only if the decode time it saves at the target's step rate exceeds what it
+costs there. A move never goes down in affinity, the target takes it under the pacing
 placement threshold (so its floor does not send it back), and the anti-thrash window
 holds it there.
+
+What a move costs follows the move rule (`moves.py`): a KV pull within the source's
+transfer group delays only the moved trajectory, by its transfer time; a re-prefill
+stalls every resident of the target for the prefill. So within a group (or across,
+under migration reprefill) the same saving buys different moves, and under migration kv
+a resident moves only within its source's group.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import itertools
 from collections.abc import Iterator, Sequence
 
 from cadence.operator.scheduler.actions import Action, Evict, EvictReason, Place
+from cadence.operator.scheduler.moves import Move, MoveRule
 from cadence.operator.scheduler.working import WorkingWorker
 
 LOOKS = 8
@@ -46,7 +53,13 @@ def _slack(w: WorkingWorker) -> int:
 
 
 def worth_moving(
-    context: int, decoded: int, source: WorkingWorker, target: WorkingWorker, period_s: float
+    context: int,
+    decoded: int,
+    source: WorkingWorker,
+    target: WorkingWorker,
+    period_s: float,
+    *,
+    move: Move | None = None,
 ) -> bool:
     """Does moving a trajectory of `context` tokens, `decoded` of them generated where it
     is, from `source` to `target` pay for itself?
@@ -54,9 +67,10 @@ def worth_moving(
     What is left to decode is unknown; what it has decoded here stands for it (a
     trajectory that has run long tends to run on, and one that has barely started, or a
     short answer, is not worth a move). The move saves that many steps' difference in
-    step time and costs a prefill of the whole context on the target, during which every
-    one of the target's residents waits, and up to a control period off both engines
-    while the hand-off runs.
+    step time and costs, as trajectory-seconds lost, a prefill of the whole context on
+    the target, during which every one of the target's residents waits, or, where `move`
+    is a KV pull, the transfer, during which only the moved trajectory waits; plus up to
+    a control period off both engines while the hand-off runs.
     """
     src, tgt = source.cost, target.cost
     if src is None or tgt is None:
@@ -64,11 +78,19 @@ def worth_moving(
     saved = decoded * (
         src.step_s(source.count, source.used) - tgt.step_s(target.count + 1, target.used + context)
     )
-    return saved > tgt.prefill_s(context) * (target.count + 1) + period_s
+    if move is not None and move.kind == "kv":
+        cost = move.seconds
+    else:
+        cost = tgt.prefill_s(context) * (target.count + 1)
+    return saved > cost + period_s
 
 
 def lift_tail(
-    workers: Sequence[WorkingWorker], min_decode: int, period_s: float, out: list[Action]
+    workers: Sequence[WorkingWorker],
+    min_decode: int,
+    period_s: float,
+    out: list[Action],
+    moves: MoveRule | None = None,
 ) -> int:
     """One version's work-conservation pass; returns the number of moves.
 
@@ -108,24 +130,35 @@ def lift_tail(
     looked = itertools.islice(merged, LOOKS * len(targets))
     candidates = ((-neg, rid, decoded, w) for neg, rid, decoded, w in looked)
     changes = {w.id: 0 for w in targets}
-    by_rank: dict[int, list[tuple[int, str, int, WorkingWorker]]] = {}
+    split = moves is not None and moves.migration == "kv"
+    # Per affinity rank (and, under migration kv, per transfer group): most slack on top.
+    by_rank: dict[tuple[int, str], list[tuple[int, str, int, WorkingWorker]]] = {}
     for w in targets:
-        by_rank.setdefault(w.affinity, []).append((-_slack(w), w.id, 0, w))
-    ranks = sorted(by_rank, reverse=True)
+        part = (w.view.transfer_group or "") if split else ""
+        by_rank.setdefault((w.affinity, part), []).append((-_slack(w), w.id, 0, w))
+    classes = sorted(by_rank, reverse=True)
     for heap in by_rank.values():
         heapq.heapify(heap)
-    moves = 0
+    made = 0
     for context, rid, decoded, source in candidates:
-        for rank in ranks:
-            if rank < source.affinity:
+        group = None
+        if split and moves is not None and source.version is not None:
+            group = moves.restricts_from(source.view, source.version)
+        for cls in classes:
+            if cls[0] < source.affinity:
                 break
-            heap = by_rank[rank]
+            if group is not None and cls[1] != group:
+                continue
+            heap = by_rank[cls]
             while heap and heap[0][2] != changes[heap[0][1]]:
                 heapq.heappop(heap)
             if not heap or -heap[0][0] < context:
                 continue
             target = heap[0][3]
-            if target is source or not worth_moving(context, decoded, source, target, period_s):
+            move = None if moves is None else moves.between(context, source.view, target.view)
+            if target is source or not worth_moving(
+                context, decoded, source, target, period_s, move=move
+            ):
                 continue
             at = next(i for i, r in enumerate(source.residents) if r.id == rid)
             source.pop(at, min_decode)
@@ -135,6 +168,6 @@ def lift_tail(
             out.append(Place(rid, target.id, target.version, context))
             changes[target.id] += 1
             heapq.heappush(heap, (-_slack(target), target.id, changes[target.id], target))
-            moves += 1
+            made += 1
             break
-    return moves
+    return made

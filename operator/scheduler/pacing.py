@@ -10,11 +10,13 @@ workers (kept nearly full of short work) and tail workers (kept free for long wo
 from __future__ import annotations
 
 import heapq
+from collections import Counter
 from collections.abc import Container, Iterable, Mapping, Sequence
 from typing import Literal
 
 from cadence.operator.scheduler.actions import Action, Evict, EvictReason, Place
 from cadence.operator.scheduler.admission import may_start
+from cadence.operator.scheduler.moves import MoveRule
 from cadence.operator.scheduler.snapshot import FreshSample, PendingTrajectory
 from cadence.operator.scheduler.working import WorkingWorker
 
@@ -113,12 +115,13 @@ class _FitIndex:
         top = self._top(context)
         return None if top is None else top[1]
 
-    def key_of_best(self, context: int) -> tuple[int, int, int, str]:
-        # Tier first; ties across versions go to the newer version (fresher data), then id.
+    def fit_key(self, context: int) -> tuple[tuple[int, int], WorkingWorker] | None:
+        """(tier, fit) of the best worker for `context`, and the worker; None if none."""
         top = self._top(context)
-        assert top is not None
+        if top is None:
+            return None
         tier, worker = top
-        return (tier, self._entry(tier, worker)[0], -self.version, worker.id)
+        return (tier, self._entry(tier, worker)[0]), worker
 
     def _entry(self, tier: int, worker: WorkingWorker) -> tuple[int, str, WorkingWorker]:
         if tier == 0:
@@ -140,6 +143,7 @@ def place_by_fit(
     eta: int,
     out: list[Action],
     fit: Fit = "tight",
+    moves: MoveRule | None = None,
 ) -> None:
     """Placement rule (pacing): shortest first, each onto the tightest feasible worker.
 
@@ -153,15 +157,40 @@ def place_by_fit(
     stays memory-bound with it (see `_FitIndex`). `fit="worst"` picks the largest
     instead; it exists only as the paper's ablation and is never the default.
 
+    With a move rule (`moves`), workers are indexed per version and transfer group: among
+    equally tight fits a departed trajectory takes the one it moves to most cheaply (a
+    KV pull before a re-prefill), and under migration kv it may use only its source's
+    group while a worker of that group serves its version (`MoveRule.restriction`).
+
     The candidate streams are merged lazily, and a stream is dropped as soon as every
     worker it could use is full, so a backed-up P_v costs nothing to skip.
     """
-    indexes = {v: _FitIndex(v, ws, fit) for v, ws in workers_by_version.items() if ws}
-    newest_first = sorted(indexes.values(), key=lambda ix: -ix.version)
+    parts: dict[tuple[int, str], list[WorkingWorker]] = {}
+    for v, ws in workers_by_version.items():
+        for w in ws:
+            group = w.view.transfer_group if moves is not None else None
+            parts.setdefault((v, group or ""), []).append(w)
+    indexes = {key: _FitIndex(key[0], ws, fit) for key, ws in parts.items()}
+    of_version: dict[int, list[_FitIndex]] = {}
+    for key in sorted(indexes, key=lambda k: (-k[0], k[1])):
+        of_version.setdefault(key[0], []).append(indexes[key])
+    newest_first = [ix for v in sorted(of_version, reverse=True) for ix in of_version[v]]
     # A stream is (candidates, the indexes its candidates may use, newest first).
-    streams: list[tuple[Sequence[Candidate], list[_FitIndex]]] = [
-        (ps, [indexes[v]]) for v, ps in pending if v in indexes and ps
-    ]
+    streams: list[tuple[Sequence[Candidate], list[_FitIndex]]] = []
+    for v, ps in pending:
+        if v not in of_version or not ps:
+            continue
+        if moves is None or moves.migration != "kv":
+            streams.append((ps, of_version[v]))
+            continue
+        # kv: each departed trajectory only onto its source's group while one hosts v.
+        runs: dict[str, list[PendingTrajectory]] = {}
+        for p in ps:
+            runs.setdefault(moves.restriction(p) or "", []).append(p)
+        for group, run in sorted(runs.items()):
+            allowed = of_version[v] if not group else [indexes[(v, group)]]
+            if (v, group) in indexes or not group:
+                streams.append((run, allowed))
     for batch, samples in fresh_by_batch.items():
         allowed = [ix for ix in newest_first if may_start(batch, ix.version, eta)]
         if allowed and samples:
@@ -171,31 +200,53 @@ def place_by_fit(
     while heap:
         (context, _), n, i = heap[0]
         items, allowed = streams[n]
-        chosen: _FitIndex | None = None
-        for ix in allowed:
-            if ix.best(context) is not None and (
-                chosen is None or ix.key_of_best(context) < chosen.key_of_best(context)
-            ):
-                chosen = ix
+        item = items[i]
+        chosen = _choose(allowed, context, item, moves)
         if chosen is None:
             heapq.heappop(heap)  # every worker this stream may use is full: drop it
             continue
-        worker = chosen.best(context)
-        assert worker is not None and worker.version is not None
-        item = items[i]
+        ix, worker = chosen
+        assert worker.version is not None
         worker.add(item.id, context)
         out.append(Place(item.id, worker.id, worker.version, context))
-        chosen.reposition(worker)
+        ix.reposition(worker)
         if i + 1 < len(items):
             heapq.heapreplace(heap, (_key(items[i + 1]), n, i + 1))
         else:
             heapq.heappop(heap)
 
 
+def _choose(
+    allowed: Sequence[_FitIndex], context: int, item: Candidate, moves: MoveRule | None
+) -> tuple[_FitIndex, WorkingWorker] | None:
+    """The index and worker the fit rule picks for `item` among `allowed`: the best fit
+    over all of them; among equally tight fits a departed trajectory goes where the move
+    is cheapest (a KV pull first, `moves.py`), then to the newer version, then by id."""
+    best: tuple[tuple[int, int], _FitIndex, WorkingWorker] | None = None
+    tied: list[tuple[_FitIndex, WorkingWorker]] = []
+    for ix in allowed:
+        found = ix.fit_key(context)
+        if found is None:
+            continue
+        key, worker = found
+        if best is None or key < best[0]:
+            best, tied = (key, ix, worker), [(ix, worker)]
+        elif key == best[0]:
+            tied.append((ix, worker))
+    if best is None:
+        return None
+    if len(tied) == 1:
+        return tied[0]
+    if moves is not None and isinstance(item, PendingTrajectory):
+        return min(tied, key=lambda t: (moves.of(item, t[1].view).key(), -t[0].version, t[1].id))
+    return min(tied, key=lambda t: (-t[0].version, t[1].id))
+
+
 def hold_for_waiting(
     workers_by_version: Mapping[int, Sequence[WorkingWorker]],
     pending: Sequence[tuple[int, Sequence[PendingTrajectory]]],
     placed: Container[str],
+    moves: MoveRule | None = None,
 ) -> dict[int, list[WorkingWorker]]:
     """Hold rule (pacing): the workers fresh work may use, given what P_v could not place.
 
@@ -214,9 +265,35 @@ def hold_for_waiting(
         if not waiting:
             pool[version] = list(ws)
             continue
-        held = {w.id for w in heapq.nsmallest(waiting, ws, key=_roomiest_first)}
+        if moves is None or moves.migration != "kv":
+            held = {w.id for w in heapq.nsmallest(waiting, ws, key=_roomiest_first)}
+        else:
+            held = _hold_by_group(ws, pending, version, placed, moves)
         pool[version] = [w for w in ws if w.id not in held]
     return pool
+
+
+def _hold_by_group(
+    ws: Sequence[WorkingWorker],
+    pending: Sequence[tuple[int, Sequence[PendingTrajectory]]],
+    version: int,
+    placed: Container[str],
+    moves: MoveRule,
+) -> set[str]:
+    """Under migration kv a trajectory can use only its source's group: it holds the
+    roomiest worker of that group (those that may go anywhere hold from what is left)."""
+    needs = Counter(
+        moves.restriction(p) or ""
+        for v, items in pending
+        if v == version
+        for p in items
+        if p.id not in placed
+    )
+    held: set[str] = set()
+    for group, n in sorted(needs.items(), key=lambda kv: (not kv[0], kv[0])):
+        free = [w for w in ws if w.id not in held and (not group or w.view.transfer_group == group)]
+        held.update(w.id for w in heapq.nsmallest(n, free, key=_roomiest_first))
+    return held
 
 
 def _roomiest_first(w: WorkingWorker) -> tuple[int, str]:

@@ -100,8 +100,9 @@ class PendingTrajectory:
     """A started trajectory in P_v: departed, or waiting for its environment.
 
     `placeable` is False while it waits for an environment observation. `parked_on` is
-    the worker holding its state, for policies that send a trajectory back where it was
-    (verl's multi-turn requests stick to their server); Cadence does not read it.
+    the worker holding its state: policies that send a trajectory back where it was
+    (verl's multi-turn requests stick to their server) read it, and the move rule
+    (`moves.py`) reads its transfer group: whether a destination can pull the KV.
     """
 
     id: str
@@ -214,6 +215,26 @@ class Knobs:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class Transfer:
+    """What a KV pull between two workers of one transfer group costs: the model's KV
+    bytes per token of context, and the link's bytes per second. The simulator fills it
+    from its catalog; a snapshot without one ranks moves by kind alone (`moves.py`)."""
+
+    kv_bytes_per_token: float
+    link_bytes_per_s: float
+
+    def __post_init__(self) -> None:
+        for name in ("kv_bytes_per_token", "link_bytes_per_s"):
+            value = getattr(self, name)
+            if not 0.0 < value < float("inf"):
+                raise ConfigError(f"transfer {name} is {value}; it must be finite and > 0")
+
+    def pull_s(self, tokens: int) -> float:
+        """Seconds to pull `tokens` of KV over the link."""
+        return tokens * self.kv_bytes_per_token / self.link_bytes_per_s
+
+
 # C-level key getters: snapshots sort tens of thousands of items every cycle.
 _ID = attrgetter("id")
 _CONTEXT = attrgetter("context")
@@ -239,6 +260,7 @@ class Snapshot:
     admission: Admission
     knobs: Knobs
     seed: int = 0
+    transfer: Transfer | None = None
     pending_by_version: Mapping[int, tuple[PendingTrajectory, ...]] = field(init=False)
     placeable_by_version: Mapping[int, tuple[PendingTrajectory, ...]] = field(init=False)
     placeable_contexts: Mapping[int, tuple[int, ...]] = field(init=False)

@@ -16,9 +16,11 @@ from cadence.operator.scheduler.snapshot import (
     Admission,
     FreshSample,
     Knobs,
+    Migration,
     PendingTrajectory,
     Resident,
     Snapshot,
+    Transfer,
     WorkerView,
 )
 from cadence.operator.scheduler.state import CadenceState
@@ -42,6 +44,7 @@ class WorkerModel(_Strict):
     capacity: int = Field(gt=0)
     residents: list[ResidentModel] = []
     draining: bool = False
+    transfer_group: str | None = None
 
 
 class PendingModel(_Strict):
@@ -71,6 +74,12 @@ class KnobsModel(_Strict):
     eta: int = Field(ge=0)
     min_decode: int = Field(default=64, ge=1)
     concentrate_without_fresh: bool = False
+    migration: Migration = "auto"
+
+
+class TransferModel(_Strict):
+    kv_bytes_per_token: float = Field(gt=0, allow_inf_nan=False)
+    link_bytes_per_s: float = Field(gt=0, allow_inf_nan=False)
 
 
 class SnapshotModel(_Strict):
@@ -82,6 +91,7 @@ class SnapshotModel(_Strict):
     admission: AdmissionModel
     knobs: KnobsModel
     seed: int = 0
+    transfer: TransferModel | None = None
 
     def to_snapshot(self) -> Snapshot:
         return Snapshot(
@@ -95,6 +105,7 @@ class SnapshotModel(_Strict):
                     capacity=w.capacity,
                     residents=tuple(Resident(**r.model_dump()) for r in w.residents),
                     draining=w.draining,
+                    transfer_group=w.transfer_group,
                 )
                 for w in self.workers
             ),
@@ -104,6 +115,7 @@ class SnapshotModel(_Strict):
             admission=Admission(**self.admission.model_dump()),
             knobs=Knobs(**self.knobs.model_dump()),
             seed=self.seed,
+            transfer=None if self.transfer is None else Transfer(**self.transfer.model_dump()),
         )
 
 
