@@ -16,7 +16,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import TypeVar
+from typing import TypeVar, get_args
 
 import yaml
 from pydantic import ValidationError
@@ -32,6 +32,7 @@ from cadence.cli.common import (
 )
 from cadence.operator.scheduler import plan
 from cadence.operator.scheduler.registry import DEFAULT_POLICIES, POLICIES
+from cadence.operator.scheduler.snapshot import Migration
 from cadence.operator.scheduler.wire import SnapshotModel, StateModel, actions_to_json
 from cadence.sim import compare, plots
 from cadence.sim.report import document, pool_lines, table
@@ -204,6 +205,9 @@ def _cmd_sim(args: argparse.Namespace) -> int:
     scenario = load_scenario(args.scenario, args.set or ())
     if args.seed is not None:
         scenario = scenario.model_copy(update={"seed": args.seed})
+    if args.migration is not None:
+        scheduling = scenario.scheduling.model_copy(update={"migration": args.migration})
+        scenario = scenario.model_copy(update={"scheduling": scheduling})
     names = [n.strip() for n in args.policies.split(",") if n.strip()]
     unknown = [n for n in names if n not in POLICIES]
     if unknown or not names:
@@ -310,6 +314,13 @@ def add_sim(sub: Commands) -> None:
         help=f"comma-separated names, of {', '.join(POLICIES)} (default: all but the variants)",
     )
     s.add_argument("--seed", type=int, help="override the scenario's seed")
+    s.add_argument(
+        "--migration",
+        choices=get_args(Migration),
+        help="how a departed trajectory moves: auto (pull its KV where the pair's layouts "
+        "match, else re-prefill), kv (only where it can be pulled), reprefill (never "
+        "pull); overrides the scenario's scheduling.migration",
+    )
     s.add_argument("--json", type=Path, help="write the results as JSON here")
     s.add_argument("--plots", type=Path, metavar="DIR", help="write PNG plots into DIR")
     s.add_argument(

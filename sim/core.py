@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from cadence.common.catalog import MODELS
-from cadence.common.physics import Deployment, transfer_s
+from cadence.common.physics import Deployment
 from cadence.common.stats import percentile
 from cadence.operator.scheduler import (
     Action,
@@ -40,8 +40,10 @@ from cadence.operator.scheduler import (
     check_no_stranding,
 )
 from cadence.operator.scheduler.cost import StepCost
+from cadence.operator.scheduler.moves import move_kind
+from cadence.operator.scheduler.snapshot import Transfer
 from cadence.sim.engine import Engine, Request
-from cadence.sim.scenario import Scenario, step_cost
+from cadence.sim.scenario import Scenario, step_cost, transfer_group
 from cadence.sim.workload import Sample
 
 State = Literal["fresh", "pending", "env", "running", "done"]
@@ -94,6 +96,9 @@ class Worker:
     engine: Engine
     version: int | None = None
     cost: StepCost | None = field(default=None, init=False)
+    # Workers that can pull each other's KV: same model (one per scenario), accelerator
+    # type and tensor-parallel degree; None where the scenario has no KV link.
+    transfer_group: str | None = None
 
     def __post_init__(self) -> None:
         self.cost = step_cost(self.deployment)
@@ -129,7 +134,11 @@ class Result:
     `staleness_bound` is the policy's bound at the scenario's eta, `max_version_lag` the
     most versions any consumed sample's batch ran ahead of the version it started on;
     `tool_departures` counts trajectories leaving a worker for a tool call (each comes
-    back as a placement, a move at a turn boundary)."""
+    back as a placement, a move at a turn boundary). `migrations` counts the policy's own
+    moves (placements after an eviction), by kind: `migrations_kv` pulled their KV
+    (`migrated_kv_bytes` in all) and `migrations_reprefill` recomputed it on the
+    destination (`reprefilled_tokens` of context in all, `reprefilled_kv_bytes` the KV
+    that rebuilt); a placement back on the worker it left re-prefills there."""
 
     policy: str
     throughput_tok_s: float
@@ -138,7 +147,11 @@ class Result:
     tokens_per_dollar: float | None
     trajectories: int
     migrations: int
-    migrated_bytes: float
+    migrations_kv: int
+    migrations_reprefill: int
+    migrated_kv_bytes: float
+    reprefilled_tokens: int
+    reprefilled_kv_bytes: float
     preemptions: int
     simulated_seconds: float
     generated_tokens: int
@@ -216,6 +229,7 @@ class Simulation:
                     d,
                     price.value * d.tp if price is not None else None,
                     Engine(d, phys.max_batch),
+                    transfer_group=transfer_group(d) if phys.kv_transfer else None,
                 )
         w = scenario.workload
         s = scenario.scheduling
@@ -240,7 +254,11 @@ class Simulation:
         self.training: float | None = None  # when the version being trained is published
         self.now = 0.0
         self.migrations = 0
-        self.migrated_bytes = 0.0
+        self.migrations_kv = 0
+        self.migrated_kv_bytes = 0.0
+        self.reprefilled_tokens = 0
+        # Same-type links: a transfer group never spans accelerator types (clusters).
+        self.transfer = Transfer(self.model.kv_bytes_per_token, phys.intra_cluster_gb_s * 1e9)
         self.timeline: list[PeriodSample] = []
         self.tool_departures = 0
         self._decoded_so_far = 0
@@ -272,6 +290,7 @@ class Simulation:
                     tuple(residents),
                     max_seqs=w.engine.max_batch,
                     cost=w.cost,
+                    transfer_group=w.transfer_group,
                 )
             )
         return Snapshot(
@@ -285,6 +304,7 @@ class Simulation:
             ),
             knobs=self.knobs,
             seed=self.scenario.seed,
+            transfer=self.transfer,
         )
 
     # --- actions -----------------------------------------------------------------------
@@ -326,7 +346,9 @@ class Simulation:
         t.moves += 1
         t.evicted = True
         assert t.version is not None
-        self._pending[t.sample.id] = PendingTrajectory(t.sample.id, t.version, t.context, self.now)
+        self._pending[t.sample.id] = PendingTrajectory(
+            t.sample.id, t.version, t.context, self.now, parked_on=w.id
+        )
 
     def _place(self, a: Place) -> None:
         t = self.trajectories[a.trajectory]
@@ -347,17 +369,24 @@ class Simulation:
                 t.version = w.version  # AReaL-like: its next tokens come from the new version
                 t.versions_spanned += 1
             source = self.workers.get(t.parked_on or "")
-            same_type = source is not None and source.accelerator == w.accelerator
-            if same_type and self.scenario.physics.kv_transfer and source is not w:
-                link = self.scenario.physics.intra_cluster_gb_s * 1e9
-                request.ready_at = self.now + transfer_s(t.context, self.model, link)
-                moved = t.context * self.model.kv_bytes_per_token
+            kind = move_kind(
+                self.knobs.migration,
+                t.parked_on if source is not None else None,
+                source.transfer_group if source is not None else None,
+                w.id,
+                w.transfer_group,
+            )
+            if kind == "kv":  # the scheduler's rule: same transfer group, knob not reprefill
+                request.ready_at = self.now + self.transfer.pull_s(t.context)
             else:
                 request.load_s = w.deployment.prefill_s(t.context)
-                moved = 0
             if t.evicted:  # a move the policy made (not a return from a tool call)
                 self.migrations += 1
-                self.migrated_bytes += moved
+                if kind == "kv":
+                    self.migrations_kv += 1
+                    self.migrated_kv_bytes += t.context * self.model.kv_bytes_per_token
+                else:
+                    self.reprefilled_tokens += t.context
                 t.evicted = False
         else:
             raise AssertionError(f"{a.trajectory} placed while {t.state}")
@@ -578,7 +607,11 @@ class Simulation:
             tokens_per_dollar=tokens / dollars if dollars and None not in prices else None,
             trajectories=len(done),
             migrations=self.migrations,
-            migrated_bytes=self.migrated_bytes,
+            migrations_kv=self.migrations_kv,
+            migrations_reprefill=self.migrations - self.migrations_kv,
+            migrated_kv_bytes=self.migrated_kv_bytes,
+            reprefilled_tokens=self.reprefilled_tokens,
+            reprefilled_kv_bytes=float(self.reprefilled_tokens * self.model.kv_bytes_per_token),
             preemptions=sum(w.engine.preemptions for w in self.workers.values()),
             simulated_seconds=self.now,
             generated_tokens=tokens,

@@ -1,7 +1,8 @@
 """What `cadence sim` prints and writes: the pool as deployed, a table and the JSON document.
 
 Every row says at what staleness it ran (`bound/lag`: the policy's staleness bound and the
-largest version lag it used), so a reader sees whether two rows are like for like.
+largest version lag it used), so a reader sees whether two rows are like for like, and
+how its moves went (`kv/re-pf`: moves that pulled their KV, moves that re-prefilled).
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ COLUMNS = (
     ("latency_p95_s", "P95 s", "{:,.1f}"),
     ("tokens_per_dollar", "tok/$", "{:,.0f}"),
     ("migrations", "moves", "{:,}"),
+    ("migrations_kv", "kv", "{:,}"),
+    ("migrations_reprefill", "re-pf", "{:,}"),
     ("tool_departures", "tool", "{:,}"),
     ("preemptions", "preempt", "{:,}"),
     ("simulated_seconds", "sim s", "{:,.0f}"),

@@ -43,7 +43,7 @@ from cadence.common.physics import (
     deploy,
 )
 from cadence.operator.scheduler.cost import StepCost, floor_warning
-from cadence.operator.scheduler.snapshot import Knobs
+from cadence.operator.scheduler.snapshot import Knobs, Migration
 from cadence.sim.workload import (
     Component,
     Empirical,
@@ -89,6 +89,12 @@ AutoOrTokens = Annotated[
 def step_cost(deployment: Deployment) -> StepCost:
     """The scheduler's view of a modelled worker's costs (its roofline's terms)."""
     return StepCost(**asdict(deployment.step_terms()))
+
+
+def transfer_group(deployment: Deployment) -> str:
+    """Workers whose KV layouts match, so one can pull the other's KV blocks: the same
+    model (one per scenario), accelerator type and tensor-parallel degree."""
+    return f"{deployment.model.name}/{deployment.accelerator.name}/tp{deployment.tp}"
 
 
 class _Strict(BaseModel):
@@ -196,7 +202,10 @@ class Physics(_Strict):
     # measured, CATALOG.md), a 20 Gbps link across clusters.
     intra_cluster_gb_s: float = Field(default=21.7, ge=1e-3, le=1e9)
     inter_cluster_gb_s: float = Field(default=2.5, ge=1e-3, le=1e9)
-    kv_transfer: bool = True  # moves within one accelerator type send KV, else re-prefill
+    # The KV link exists: workers of one transfer group (model, accelerator type,
+    # tensor-parallel degree) can pull each other's KV over the intra-cluster link, and
+    # `scheduling.migration` chooses whether a move does. False: every move re-prefills.
+    kv_transfer: bool = True
 
     def efficiency(self) -> Efficiency:
         return Efficiency(
@@ -369,6 +378,11 @@ class Scheduling(_Strict):
     # Start concentration even when no newer version has fresh work for the emptied
     # source (an experiment switch of the Cadence policy, off by default).
     concentrate_without_fresh: bool = False
+    # How a departed trajectory moves (the TrainingRun's migration): auto pulls its KV
+    # where the pair's transfer groups match and re-prefills otherwise, kv moves it only
+    # where it can be pulled (unless no such worker serves its version), reprefill never
+    # pulls. `cadence sim --migration` overrides it.
+    migration: Migration = "auto"
 
     @property
     def h_min_tokens(self) -> int:
@@ -387,6 +401,7 @@ class Scheduling(_Strict):
             min_decode=self.min_decode,
             concentrate_without_fresh=self.concentrate_without_fresh,
             control_period_s=self.control_period_s,
+            migration=self.migration,
         )
 
 

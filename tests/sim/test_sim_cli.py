@@ -28,13 +28,36 @@ def test_sim_writes_the_json_document(tmp_path: Path, capsys: pytest.CaptureFixt
         "tokens_per_dollar",
         "trajectories",
         "migrations",
-        "migrated_bytes",
+        "migrations_kv",
+        "migrations_reprefill",
+        "migrated_kv_bytes",
+        "reprefilled_tokens",
+        "reprefilled_kv_bytes",
         "preemptions",
         "simulated_seconds",
     ):
         assert key in entry
     assert entry["trajectories"] == 3 * 16 * 8
+    assert entry["migrations"] == entry["migrations_kv"] + entry["migrations_reprefill"]
     assert "cadence" in capsys.readouterr().out
+
+
+def test_sim_migration_flag_overrides_the_scenario(tmp_path: Path) -> None:
+    """--migration reprefill: no move of any policy pulls KV, on a pool where auto does."""
+    counts = {}
+    for mode in ("auto", "reprefill"):
+        out = tmp_path / f"{mode}.json"
+        argv = ["sim", "--scenario", str(TINY), "--policies", "cadence", "--json", str(out)]
+        assert main([*argv, "--migration", mode]) == 0
+        entry = json.loads(out.read_text())["policies"]["cadence"]
+        counts[mode] = (entry["migrations_kv"], entry["migrated_kv_bytes"])
+    assert counts["auto"][0] > 0 and counts["auto"][1] > 0
+    assert counts["reprefill"] == (0, 0.0)
+
+
+def test_sim_refuses_an_unknown_migration(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["sim", "--scenario", str(TINY), "--migration", "teleport"]) == 2
+    assert "--migration" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(

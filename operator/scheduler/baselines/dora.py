@@ -17,11 +17,12 @@ Unknowns, left as parameters to sweep: the rebalance period, and the KV-pressure
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from cadence.operator.scheduler.actions import Action, Admit, Advance, Evict, EvictReason, Place
 from cadence.operator.scheduler.admission import groups_to_admit, may_start
+from cadence.operator.scheduler.moves import MoveRule
 from cadence.operator.scheduler.snapshot import Snapshot, WorkerView
 
 
@@ -41,18 +42,29 @@ class _Load:
         # Loads only grow within a plan: once a context fits nowhere, no longer one will.
         self.fits_below = float("inf")
 
-    def place(self, trajectory: str, context: int, out: list[Action], limit: float) -> bool:
-        """Onto the least-loaded worker with room (KV below `limit` of its capacity)."""
+    def place(
+        self,
+        trajectory: str,
+        context: int,
+        out: list[Action],
+        limit: float,
+        allowed: Callable[[WorkerView], bool] | None = None,
+    ) -> bool:
+        """Onto the least-loaded worker with room (KV below `limit` of its capacity) that
+        `allowed` accepts (the migration knob's kv restriction)."""
         if context >= self.fits_below:
             return False
         best: WorkerView | None = None
         for w in self.workers:
             if self.used[w.id] + context > limit * w.capacity:
                 continue
+            if allowed is not None and not allowed(w):
+                continue
             if best is None or (self.count[w.id], w.id) < (self.count[best.id], best.id):
                 best = w
         if best is None or best.version is None:
-            self.fits_below = min(self.fits_below, context)
+            if allowed is None:
+                self.fits_below = min(self.fits_below, context)
             return False
         out.append(Place(trajectory, best.id, best.version, context))
         self.used[best.id] += context
@@ -94,9 +106,12 @@ class DoraPolicy:
             moved = self._rebalance(snapshot, by_version, out)
             last = snapshot.now
         loads = {v: _Load([w for w in ws if w.id not in moved]) for v, ws in by_version.items()}
+        rule = MoveRule(snapshot)
         for p in snapshot.pending:
             if p.placeable and p.version in loads:
-                loads[p.version].place(p.id, p.context, out, self.fill)
+                group = rule.restriction(p)
+                allowed = None if group is None else _in_group(group, p.parked_on)
+                loads[p.version].place(p.id, p.context, out, self.fill, allowed)
         # New work to the newest version first; older versions only into idle slots.
         versions = sorted(loads, reverse=True)
         b = snapshot.admission.batch_size
@@ -130,10 +145,18 @@ class DoraPolicy:
             surplus = ws[: max(0, len(ws) - keep)]
             stay = [w for w in ws if w not in surplus]
             load = _Load(stay)
+            kv_only = snapshot.knobs.migration == "kv"
             for w in surplus:
+                group = w.transfer_group if kv_only else None
+                allowed = None if group is None else _in_group(group, None)
                 for r in w.residents:
                     out.append(Evict(r.id, w.id, r.context, EvictReason.REPACK))
-                    load.place(r.id, r.context, out, 1.0)
+                    load.place(r.id, r.context, out, 1.0, allowed)
                 out.append(Advance(w.id, newest))
                 moved.add(w.id)
         return moved
+
+
+def _in_group(group: str, home: str | None) -> Callable[[WorkerView], bool]:
+    """Under migration kv: workers that can pull from `group`, and `home` itself."""
+    return lambda w: w.transfer_group == group or w.id == home

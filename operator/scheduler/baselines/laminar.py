@@ -17,6 +17,8 @@ version a replica may take prompts; None (the default) holds it to the run's `et
 every bounded policy is, so a comparison is at equal staleness. `laminar-native` in the
 registry is Laminar as its paper ran it, at 4: compare it with Cadence at `eta = 4`.
 Multi-turn returns go back to their replica (simplification: not stated in the source).
+Under migration kv a repack moves a replica only onto one of its transfer group (one that
+can pull its KV); the source names no rule for mixed layouts.
 """
 
 from __future__ import annotations
@@ -104,13 +106,20 @@ class LaminarPolicy:
         last_repack = state.last_repack
         due = snapshot.now - state.last_repack >= self.repack_period_s
         if due or newest != state.last_newest:
-            self._repack(live, peak, out)
+            self._repack(live, peak, out, kv_only=snapshot.knobs.migration == "kv")
             last_repack = snapshot.now
         return out, LaminarState(
             MappingProxyType(claims), MappingProxyType(peak), last_repack, newest
         )
 
-    def _repack(self, live: list[WorkerView], peak: Mapping[str, int], out: list[Action]) -> None:
+    def _repack(
+        self,
+        live: list[WorkerView],
+        peak: Mapping[str, int],
+        out: list[Action],
+        *,
+        kv_only: bool = False,
+    ) -> None:
         """Best-fit repack within each version group."""
         groups: dict[int, list[WorkerView]] = {}
         for w in live:
@@ -132,6 +141,8 @@ class LaminarPolicy:
                 best: WorkerView | None = None
                 for dst in members:
                     if dst.id == src.id or dst.id in emptied:
+                        continue
+                    if kv_only and src.transfer_group not in (None, dst.transfer_group):
                         continue
                     kv = load[dst.id] + load[src.id]
                     n = count[dst.id] + count[src.id]
