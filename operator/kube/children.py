@@ -1,5 +1,6 @@
 """The Kubernetes objects the operator owns, as pure functions of the resources: a pool's
-RolloutGroups, its headless Service and token Secret; a group's worker pods; a run's
+RolloutGroups, its headless Service and token Secret, and with vLLM groups the
+NetworkPolicy of KV-cache migration between its workers; a group's worker pods; a run's
 trainer ConfigMap, StatefulSet and Service. No I/O here: the kopf handlers
 (`operator/kube/handlers.py`) compare these with what exists and create, patch or delete.
 
@@ -49,6 +50,13 @@ TLS_DIR = "/etc/cadence-tls"  # the pool's TLS Secret: tls.crt, tls.key, ca.crt 
 # /etc/cadence, the trainer's ConfigMap: a mount inside a ConfigMap's is fragile)
 MODELS_DIR = "/models"
 WEIGHTS_DIR = "/var/cache/cadence/weights"  # a worker's store of the versions it advanced to
+# KV-cache migration between a pool's vLLM workers (vLLM's NixlConnector): the NIXL side
+# channel, where a destination asks the source for its blocks' layout (vLLM's default
+# VLLM_NIXL_SIDE_CHANNEL_PORT), and the ports UCX's TCP transport listens on for the
+# blocks themselves (pinned with UCX_TCP_PORT_RANGE; see `kv_transfer_policy`). Below the
+# kernel's ephemeral range (32768-60999), so no outgoing connection takes one of them.
+KV_TRANSFER_PORT = 5600
+KV_DATA_PORTS = (5601, 5999)
 
 
 def owner(obj: Mapping[str, Any], *, controller: bool = True) -> dict[str, Any]:
@@ -255,6 +263,67 @@ def pod_url(pod: Mapping[str, Any]) -> str | None:
     return f"https://{spec['hostname']}.{spec['subdomain']}.{namespace}.svc:{CONTROL_PORT}"
 
 
+def kv_transfer(group: RolloutGroup, run: TrainingRun) -> bool:
+    """Whether a group's workers take part in KV-cache migration: vLLM workers of a run
+    that may move KV (`migration` auto or kv; reprefill never pulls a cache, so its
+    workers open no port for one). Emulated workers have no cache to move."""
+    return group.spec.engine.backend == "vllm" and run.spec.scheduler.migration != "reprefill"
+
+
+def _kv_transfer_env() -> list[dict[str, Any]]:
+    first, last = KV_DATA_PORTS
+    return [{"name": "UCX_TCP_PORT_RANGE", "value": f"{first}-{last}"}]
+
+
+def kv_transfer_policy(pool: RolloutPool, pool_obj: Mapping[str, Any]) -> dict[str, Any] | None:
+    """A NetworkPolicy that admits KV-cache migration between the pool's own workers and
+    from nothing else: the NIXL side channel and UCX's TCP ports, from pods with the
+    pool's worker labels, to pods with them. None for a pool with no vLLM group.
+
+    It only adds to the `cadence-workers` policy of manifests/base (policies add up): that
+    one isolates every worker and opens its control port. In a namespace without it, this
+    policy alone would isolate the pool's workers too, their control port closed.
+
+    The blocks travel over NIXL's UCX backend. Over TCP (a pod network; RDMA transports
+    bypass it and the policy) each UCX worker listens on a port per network interface
+    (libuct's "tcp_iface ... listening for connections"), and the puller connects there.
+    A NIXL agent made as vLLM makes it (nixl 1.5.1, num_threads=4) listened on 10 ports,
+    kernel-picked (33441-59447 in one try); one agent per tensor-parallel rank. With
+    UCX_TCP_PORT_RANGE (libuct's TCP_ PORT_RANGE: "Generate a random TCP port number
+    from that range"), which `worker_pod` sets, all 10 were in it; UCX tries another
+    port of the range while one is taken (5 per address fit a 6-port range; a 3-port
+    range hung the agent's start), hence a wide range. So the policy opens that range,
+    not all TCP. NIXL's own metadata listener is off in vLLM."""
+    if not any(g.engine.backend == "vllm" for g in pool.spec.groups):
+        return None
+    name = pool.metadata.name
+    workers = {"matchLabels": {"cadence.dev/pool": name, "app.kubernetes.io/component": "worker"}}
+    first, last = KV_DATA_PORTS
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {
+            "name": f"{name}-kv-transfer",
+            "namespace": pool.metadata.namespace,
+            "labels": labels(name, "worker"),
+            "ownerReferences": [owner(pool_obj)],
+        },
+        "spec": {
+            "podSelector": workers,
+            "policyTypes": ["Ingress"],
+            "ingress": [
+                {
+                    "from": [{"podSelector": workers}],
+                    "ports": [
+                        {"protocol": "TCP", "port": KV_TRANSFER_PORT},
+                        {"protocol": "TCP", "port": first, "endPort": last},
+                    ],
+                }
+            ],
+        },
+    }
+
+
 def _resources(given: Mapping[str, int | str], base: Mapping[str, str]) -> dict[str, Any]:
     requests = {**base, **given}
     limits = {k: v for k, v in given.items() if k not in ("cpu", "memory")}
@@ -300,6 +369,12 @@ def worker_pod(
         args += ["--env-url", url, "--env-timeout-s", str(turns.timeout_s)]
         args += ["--env-tries", str(turns.tries)]
     args += _tls_args(pool)
+    ports = [{"name": "control", "containerPort": CONTROL_PORT}]
+    env = [_token_env(pool), *_ca_env(pool)]
+    if kv_transfer(group, run):
+        args += ["--kv-transfer-port", str(KV_TRANSFER_PORT)]
+        ports.append({"name": "kv-transfer", "containerPort": KV_TRANSFER_PORT})
+        env += _kv_transfer_env()
     spec: dict[str, Any] = {
         "hostname": pod,
         "subdomain": f"{name}-workers",
@@ -319,8 +394,8 @@ def worker_pod(
                 "name": "worker",
                 "image": pool.spec.image,
                 "args": args,
-                "ports": [{"name": "control", "containerPort": CONTROL_PORT}],
-                "env": [_token_env(pool), *_ca_env(pool)],
+                "ports": ports,
+                "env": env,
                 "resources": _resources(g.resources, WORKER_BASE),
                 "securityContext": CONTAINER_SECURITY,
                 "volumeMounts": [

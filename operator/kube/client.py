@@ -41,6 +41,7 @@ PLURALS = {
     "ConfigMap": "configmaps",
     "StatefulSet": "statefulsets",
     "PodDisruptionBudget": "poddisruptionbudgets",
+    "NetworkPolicy": "networkpolicies",
     "Event": "events",
     "Lease": "leases",
     "RolloutGroup": "rolloutgroups",

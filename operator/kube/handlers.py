@@ -192,6 +192,8 @@ class Reconciler:
                 events.append(("Removed", f"RolloutGroup {name}: no longer in the pool"))
         await self.kube.ensure(children.headless_service(pool, body))
         await self.kube.ensure(children.token_secret(pool, body))
+        if (policy := children.kv_transfer_policy(pool, body)) is not None:
+            await self.kube.ensure(policy)
         bound = (body.get("status") or {}).get("run")
         run_obj = (
             await self.kube.get(path(API_VERSION, "trainingruns", ns, bound)) if bound else None

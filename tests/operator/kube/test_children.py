@@ -297,7 +297,8 @@ def test_a_pod_template_overlay_reaches_worker_and_trainer_pods_under_the_operat
     assert spec["serviceAccountName"] == "rollout-reader"
     assert spec["imagePullSecrets"] == [{"name": "registry"}]
     main = spec["containers"][0]
-    assert [e["name"] for e in main["env"]] == ["CADENCE_TOKEN", "HF_HUB_OFFLINE"]
+    names = [e["name"] for e in main["env"]]
+    assert names == ["CADENCE_TOKEN", "UCX_TCP_PORT_RANGE", "HF_HUB_OFFLINE"]  # the overlay's last
     assert main["volumeMounts"][-1] == {"name": "cache", "mountPath": "/cache"}
     assert spec["volumes"][0]["name"] == "shm" and spec["volumes"][-1]["name"] == "cache"
     assert main["args"] == plain["spec"]["containers"][0]["args"]
@@ -454,3 +455,126 @@ def test_a_pool_without_tls_serves_plain_http_reached_by_ip() -> None:
     assert children.pod_url(pod) is None  # no IP yet
     pod["status"] = {"podIP": "10.0.0.7"}
     assert children.pod_url(pod) == "http://10.0.0.7:8000"
+
+
+def _pool_and_run(tmp_path: Path, *, backend: str = "vllm", migration: str = "auto") -> Any:
+    """The heterogeneous example with every group on `backend` and the run's `migration`."""
+    text = HETEROGENEOUS.read_text().replace("engine: {", f"engine: {{backend: {backend}, ")
+    text = text.replace("  scheduler:\n", f"  scheduler:\n    migration: {migration}\n", 1)
+    (tmp_path / "pool.yaml").write_text(text)
+    pool, run = load(tmp_path / "pool.yaml")
+    assert {g.engine.backend for g in pool.spec.groups} == {backend}
+    assert run.spec.scheduler.migration == migration
+    return pool, run
+
+
+def _first_worker(pool: RolloutPool, run: TrainingRun, index: int = 0) -> dict[str, Any]:
+    group = RolloutGroup.model_validate(children.rollout_groups(pool, _with_uid(pool, "p"))[0])
+    return children.worker_pod(pool, group, _with_uid(group, "g"), run, index)
+
+
+def _kv_parts(pod: dict[str, Any]) -> tuple[list[str], list[Any], list[Any]]:
+    """The worker container's --kv-transfer-port flag and value, its kv-transfer ports and
+    its UCX environment."""
+    (worker,) = pod["spec"]["containers"]
+    args = worker["args"]
+    flag = args[args.index("--kv-transfer-port") :][:2] if "--kv-transfer-port" in args else []
+    ports = [p for p in worker["ports"] if p["name"] != "control"]
+    env = [e for e in worker["env"] if e["name"].startswith(("UCX_", "VLLM_"))]
+    return flag, ports, env
+
+
+def test_a_vllm_workers_pod_opens_the_kv_transfer_side_channel_and_pins_ucx(
+    tmp_path: Path,
+) -> None:
+    pool, run = _pool_and_run(tmp_path)
+    pod = _first_worker(pool, run)
+    _valid(pod)
+    flag, ports, env = _kv_parts(pod)
+    assert flag == ["--kv-transfer-port", "5600"]
+    assert ports == [{"name": "kv-transfer", "containerPort": 5600}]
+    assert env == [{"name": "UCX_TCP_PORT_RANGE", "value": "5601-5999"}]
+    # Still a worker's control port first, which the probes and the Service name.
+    assert pod["spec"]["containers"][0]["ports"][0] == {"name": "control", "containerPort": 8000}
+    # The default run (migration: auto) moves KV as well.
+    assert _kv_parts(_first_worker(*load(EXAMPLE))) == (flag, ports, env)
+
+
+@pytest.mark.parametrize(
+    ("backend", "migration"), [("emulated", "auto"), ("emulated", "kv"), ("vllm", "reprefill")]
+)
+def test_a_worker_that_never_moves_kv_opens_no_port_for_it(
+    tmp_path: Path, backend: str, migration: str
+) -> None:
+    """Emulated workers have no KV cache to move; a reprefill run never pulls one."""
+    pool, run = _pool_and_run(tmp_path, backend=backend, migration=migration)
+    pod = _first_worker(pool, run)
+    _valid(pod)
+    assert _kv_parts(pod) == ([], [], [])
+    assert [p["containerPort"] for p in pod["spec"]["containers"][0]["ports"]] == [8000]
+
+
+def test_a_runs_migration_setting_reaches_its_pods_template(tmp_path: Path) -> None:
+    """Pods started for an auto run differ from a reprefill run's (their template hash),
+    so a run changed to reprefill rolls its workers."""
+    auto = _first_worker(*_pool_and_run(tmp_path))
+    (tmp_path / "r").mkdir()
+    reprefill = _first_worker(*_pool_and_run(tmp_path / "r", migration="reprefill"))
+    hashed = children.TEMPLATE_LABEL
+    assert auto["metadata"]["labels"][hashed] != reprefill["metadata"]["labels"][hashed]
+
+
+def _selects(selector: dict[str, Any], pod: dict[str, Any]) -> bool:
+    assert set(selector) == {"matchLabels"}  # no expressions to evaluate
+    return bool(selector["matchLabels"].items() <= pod["metadata"]["labels"].items())
+
+
+def test_a_vllm_pools_policy_admits_kv_transfer_only_from_its_own_workers(
+    tmp_path: Path,
+) -> None:
+    pool, run = _pool_and_run(tmp_path)
+    policy = children.kv_transfer_policy(pool, _with_uid(pool, "pool-uid"))
+    assert policy is not None
+    _valid(policy)
+    meta, spec = policy["metadata"], policy["spec"]
+    assert (policy["kind"], meta["name"], meta["namespace"]) == (
+        "NetworkPolicy",
+        "fleet-kv-transfer",
+        "default",
+    )
+    assert meta["ownerReferences"][0]["uid"] == "pool-uid"  # goes with its pool
+    assert spec["policyTypes"] == ["Ingress"]
+    (rule,) = spec["ingress"]
+    (source,) = rule["from"]  # pods only: no namespaceSelector, no ipBlock
+    assert set(source) == {"podSelector"}
+    worker_labels = {"cadence.dev/pool": "fleet", "app.kubernetes.io/component": "worker"}
+    assert spec["podSelector"] == source["podSelector"] == {"matchLabels": worker_labels}
+    assert rule["ports"] == [
+        {"protocol": "TCP", "port": 5600},
+        {"protocol": "TCP", "port": 5601, "endPort": 5999},
+    ]
+
+    # It selects this pool's workers of every group, as targets and as sources...
+    for index, group in enumerate(children.rollout_groups(pool, _with_uid(pool, "p"))):
+        g = RolloutGroup.model_validate(group)
+        pod = children.worker_pod(pool, g, _with_uid(g, "g"), run, index)
+        assert _selects(spec["podSelector"], pod) and _selects(source["podSelector"], pod)
+    # ...and not another pool's workers, nor the trainer.
+    other = _first_worker(
+        pool.model_copy(update={"metadata": pool.metadata.model_copy(update={"name": "other"})}),
+        run,
+    )
+    assert not _selects(source["podSelector"], other)
+    trainer = children.trainer_objects(run, _with_uid(run, "r"), pool)[1]
+    assert not _selects(source["podSelector"], trainer["spec"]["template"])
+
+    # The ports it opens are the ones the pod listens on: its side channel, UCX's range.
+    flag, ports, env = _kv_parts(_first_worker(pool, run))
+    assert rule["ports"][0]["port"] == int(flag[1]) == ports[0]["containerPort"]
+    first, last = env[0]["value"].split("-")
+    assert (rule["ports"][1]["port"], rule["ports"][1]["endPort"]) == (int(first), int(last))
+
+
+def test_an_emulated_pool_has_no_kv_transfer_policy(tmp_path: Path) -> None:
+    pool, _ = _pool_and_run(tmp_path, backend="emulated")
+    assert children.kv_transfer_policy(pool, _with_uid(pool, "p")) is None
