@@ -69,7 +69,7 @@ Stream = tuple[Sequence[PendingTrajectory], Sequence[int]]
 """Placeable pending trajectories ascending by (context, id), and their contexts."""
 
 _Pick = tuple[int, str, int, int]  # (context, id, stream, position)
-_Class = tuple[int, str]  # (affinity rank, transfer group under migration kv, else "")
+_Class = tuple[int, str]  # (affinity rank, transfer group with a move rule, else "")
 
 
 def _margin(w: WorkingWorker) -> int:
@@ -104,6 +104,7 @@ class TargetIndex:
     """
 
     __slots__ = (
+        "_by_rank",
         "_changes",
         "_classes",
         "_his",
@@ -126,7 +127,9 @@ class TargetIndex:
     ) -> None:
         self.min_decode = min_decode
         self._moves = moves
-        self._split = moves is not None and moves.migration == "kv"
+        # Targets are classed by rank and, with a move rule, by transfer group: each class
+        # offers its own candidates, so targets equal but for their group both compete.
+        self._split = moves is not None
         # Trajectories that left a worker this cycle, by the worker: never placed back
         # on it in the same plan (a target making room can open the gap they left).
         self._left = left or {}
@@ -144,6 +147,9 @@ class TargetIndex:
             by_rank.setdefault(c, []).append((-_margin(w), w.id, 0, w))
             reach.setdefault(c, []).append((-self._reach_of(w), w.id, 0, w))
         self._classes = {rank: by_rank[rank] for rank in sorted(by_rank, reverse=True)}
+        self._by_rank: dict[int, list[_Class]] = {}
+        for c in self._classes:
+            self._by_rank.setdefault(c[0], []).append(c)
         self._reach = reach
         for rank in self._classes:
             heapq.heapify(self._classes[rank])
@@ -154,7 +160,7 @@ class TargetIndex:
         return (w.affinity, (w.view.transfer_group or "") if self._split else "")
 
     def _allowed(self, p: PendingTrajectory, w: WorkingWorker) -> bool:
-        return self._moves is None or not self._split or self._moves.allowed(p, w.view)
+        return self._moves is None or self._moves.allowed(p, w.view)
 
     def _reach_of(self, w: WorkingWorker) -> int:
         return _margin(w) + w.evictable_kv(self.min_decode)
@@ -272,25 +278,45 @@ class TargetIndex:
         rank, seconds = self._moves.of(self._streams[pick[2]][0][pick[3]], w.view).key()
         return (-rank, -seconds)
 
-    def first_fit(self, context: int, group: str | None = None) -> WorkingWorker | None:
+    def first_fit(
+        self, context: int, source: WorkingWorker | None = None, group: str | None = None
+    ) -> WorkingWorker | None:
         """The first target, in order of affinity rank then margin, that can take
-        `context`. A rank's top by margin takes it without displacing anyone or no worker
-        of that rank can; only then are the others tried, and the first that can would
-        displace someone, which stops the source for this cycle: one scan per cycle.
-        `group`: under migration kv, the only transfer group it may go to."""
-        for c, heap in self._classes.items():
-            if group is not None and self._split and c[1] != group:
+        `context` (leaving `source`). A rank's top by margin takes it without displacing
+        anyone or no worker of that rank can; only then are the others tried, and the
+        first that can would displace someone, which stops the source for this cycle: one
+        scan per cycle. Equal margins go by the cheaper move; `group`: under migration kv,
+        the only transfer group it may go to."""
+        for classes in self._by_rank.values():
+            heaps = []
+            for c in classes:
+                if group is not None and c[1] != group:
+                    continue
+                heap = self._classes[c]
+                while heap and heap[0][2] != self._changes[heap[0][1]]:
+                    heapq.heappop(heap)  # a stale entry; its worker was re-entered
+                if heap:
+                    heaps.append(heap)
+            if not heaps:
                 continue
-            while heap and heap[0][2] != self._changes[heap[0][1]]:
-                heapq.heappop(heap)  # a stale entry; its worker was re-entered
-            if not heap:
-                continue
-            if -heap[0][0] >= context and heap[0][3].has_seat():
-                return heap[0][3]
-            for _, _, changes, w in sorted(heap):
+
+            def order(e: tuple[int, str, int, WorkingWorker]) -> tuple[int, tuple[int, float], str]:
+                return (e[0], self._move_key(context, source, e[3]), e[1])
+
+            top = min((heap[0] for heap in heaps), key=order)
+            if -top[0] >= context and top[3].has_seat():
+                return top[3]
+            for _, _, changes, w in sorted((e for heap in heaps for e in heap), key=order):
                 if changes == self._changes[w.id] and self.fits(w, context):
                     return w
         return None
+
+    def _move_key(
+        self, context: int, source: WorkingWorker | None, w: WorkingWorker
+    ) -> tuple[int, float]:
+        if self._moves is None or source is None:
+            return (0, 0.0)
+        return self._moves.between(context, source.view, w.view).key()
 
     def place_on(
         self, worker: WorkingWorker, trajectory: str, context: int, out: list[Action]
@@ -372,7 +398,7 @@ def concentrate(
         group = None
         if moves is not None and source.version is not None:
             group = moves.restricts_from(source.view, source.version)
-        target = index.first_fit(victim.context, group)
+        target = index.first_fit(victim.context, source, group)
         if target is None:
             return
         blocked = index.place_on(target, victim.id, victim.context, out) > 0

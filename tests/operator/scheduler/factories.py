@@ -81,7 +81,7 @@ def make_fresh(id: str, group: int = 0, prompt: int = 10) -> FreshSample:
 
 
 def make_knobs(
-    h_min: int = 0, delta: int = 0, eta: int = 1, min_decode: int = 1, **kw: bool | float
+    h_min: int = 0, delta: int = 0, eta: int = 1, min_decode: int = 1, **kw: bool | float | str
 ) -> Knobs:
     return Knobs(h_min=h_min, delta=delta, eta=eta, min_decode=min_decode, **kw)  # type: ignore[arg-type]
 
