@@ -55,6 +55,9 @@ def _cmd_worker(args: argparse.Namespace) -> int:
             tensor_parallel=args.tensor_parallel,
             tls_cert=args.tls_cert,
             tls_key=args.tls_key,
+            kv_transfer_port=args.kv_transfer_port,
+            kv_lease_s=args.kv_lease_s,
+            kv_pull_timeout_s=args.kv_pull_timeout_s,
         )
         # Every setting is refused before anything heavy starts (making the default tiny
         # model prints a progress bar and takes seconds).
@@ -242,6 +245,27 @@ def add_worker(sub: Commands) -> None:
         type=at_least(1),
         help="devices per worker (default: 1 for vllm; emulated: the smallest that holds "
         "--min-kv-tokens)",
+    )
+    w.add_argument(
+        "--kv-transfer-port",
+        type=at_least(1),
+        help="vllm: move KV caches to and from workers of the same layout (vLLM's "
+        "NixlConnector), its side channel on this port (default: off, moves re-prefill); "
+        "emulated workers always model a KV link",
+    )
+    w.add_argument(
+        "--kv-lease-s",
+        type=at_least(1),
+        default=30,
+        help="seconds KV blocks exported for a move wait for their pull before they are "
+        "freed (vllm; default 30)",
+    )
+    w.add_argument(
+        "--kv-pull-timeout-s",
+        type=float,
+        default=20.0,
+        help="seconds a KV pull may take to a first token before the move re-prefills "
+        "instead (vllm; default 20)",
     )
     _add_tls(w)
     w.set_defaults(run=_cmd_worker)

@@ -72,6 +72,13 @@ class Source(_Body):
     url: Url
 
 
+# How a departed trajectory moves (the TrainingRun's `scheduler.migration`): auto pulls
+# its KV blocks where the two workers' layouts match and re-prefills otherwise; kv is auto
+# with the scheduler keeping moves within transfer groups; reprefill never pulls.
+Migration = Literal["auto", "kv", "reprefill"]
+MoveKind = Literal["kv", "reprefill"]
+
+
 class PlaceRequest(_Body):
     """POST /v1/trajectories. Exactly one of `fresh` and `source`."""
 
@@ -80,6 +87,7 @@ class PlaceRequest(_Body):
     version: Version
     fresh: FreshStart | None = None
     source: Source | None = None
+    migration: Migration = "auto"
 
     @model_validator(mode="after")
     def _one_origin(self) -> Self:
@@ -123,6 +131,20 @@ class StepCostInfo(_Body):
     prefill_token_s: float = Field(default=0.0, ge=0, allow_inf_nan=False)
 
 
+class MoveCounts(_Body):
+    """Moves into this worker since it started, by kind. `kv` counts placements that
+    pulled the source's KV blocks, `kv_fallbacks` pulls that failed or timed out and
+    re-prefilled instead (also counted in `reprefill`); tokens are the context moved
+    (pulled) or recomputed (re-prefilled), bytes the KV pulled."""
+
+    kv: int = 0
+    reprefill: int = 0
+    kv_fallbacks: int = 0
+    kv_tokens: int = 0
+    kv_bytes: int = 0
+    reprefill_tokens: int = 0
+
+
 class WorkerState(_Body):
     """GET /v1/state: everything the control loop reads from one worker.
 
@@ -146,13 +168,25 @@ class WorkerState(_Body):
     delivering: list[str] = []  # finished, in the outbox, not yet taken by the trainer
     max_seqs: int | None = Field(default=None, ge=1)
     step_cost: StepCostInfo | None = None
+    # Workers of one transfer group have the same KV layout (model, dtype, block size,
+    # parallel layout, accelerator type) and can pull each other's KV; None: this one
+    # cannot (an emulated engine, or vLLM started without KV transfer).
+    transfer_group: str | None = None
+    moves: MoveCounts = MoveCounts()
 
 
 class PlaceResponse(_Body):
+    """`moved` says how a departed trajectory came here from another worker (None for a
+    fresh sample or a resume where it was parked), `move_reason` why it re-prefills.
+    A pull that fails after this answer falls back to re-prefill, counted in the
+    worker's `moves.kv_fallbacks`."""
+
     id: str
     attempt: int
     version: int
     context: int
+    moved: MoveKind | None = None
+    move_reason: str | None = None
 
 
 class EvictResponse(_Body):
@@ -189,6 +223,25 @@ class Timings(_Body):
     pending_s: Seconds = 0.0  # time spent departed, waiting for a placement
 
 
+class KvOffer(_Body):
+    """A source's KV blocks held for one pull: `tokens` of context are in them, `params`
+    are vLLM's `kv_transfer_params` (the source engine's id, side channel, block ids),
+    held for `lease_s` seconds from the claim's answer; after that they are freed and a
+    pull could read blocks since reused, so a destination pulls well within it."""
+
+    group: str = Field(max_length=200)
+    tokens: int = Field(ge=0)
+    lease_s: float = Field(gt=0, allow_inf_nan=False)
+    params: dict[str, object]
+
+
+class ReleaseRequest(_Body):
+    """POST /v1/parked/{id}/release: the destination has started it; the source frees it."""
+
+    attempt: Attempt
+    destination: WorkerId
+
+
 class TrajectoryState(_Body):
     """A parked trajectory's whole token state, as a destination pulls it."""
 
@@ -201,6 +254,7 @@ class TrajectoryState(_Body):
     max_tokens: int
     tool_calls_left: int
     timings: Timings
+    kv: KvOffer | None = None  # in a claim's answer, where the KV can be pulled
 
     @property
     def context(self) -> int:
@@ -212,18 +266,14 @@ class TrajectoryState(_Body):
 
 
 class ClaimRequest(_Body):
-    """POST /v1/parked/{id}/claim: a destination takes the state under a lease."""
+    """POST /v1/parked/{id}/claim: a destination takes the state under a lease.
+    `transfer_group` is the destination's: where it is the source's too, the source
+    offers the trajectory's KV blocks for a pull (`TrajectoryState.kv`)."""
 
     attempt: Attempt
     destination: WorkerId
     lease_s: float = Field(default=30.0, gt=0, le=600)
-
-
-class ReleaseRequest(_Body):
-    """POST /v1/parked/{id}/release: the destination has started it; the source frees it."""
-
-    attempt: Attempt
-    destination: WorkerId
+    transfer_group: str | None = Field(default=None, max_length=200)
 
 
 class AdvanceRequest(_Body):

@@ -140,7 +140,7 @@ def create_app(core: WorkerCore, token: str, *, run_decode_loop: bool = True) ->
 
     @app.post("/v1/parked/{rid}/claim", dependencies=guarded)
     async def claim(rid: str, body: ClaimRequest) -> TrajectoryState:
-        return core.claim(rid, body)
+        return await core.claim(rid, body)
 
     @app.post("/v1/parked/{rid}/release", dependencies=guarded, status_code=204)
     async def release(rid: str, body: ReleaseRequest) -> None:

@@ -13,7 +13,12 @@ Rules kept here (DESIGN.md, "Where token state lives" and "Fencing"):
   supersedes an older claim's lease;
 - the worker serves one policy version and advances only when nothing is resident;
 - a trajectory that writes a tool call departs and waits, parked, for its environment
-  (`tools.py`); only once the observation is appended can it be placed again.
+  (`tools.py`); only once the observation is appended can it be placed again;
+- a move carries the token state in the claim either way; between two workers of one
+  transfer group (the same KV layout) the source also offers its KV blocks, which the
+  destination pulls instead of re-prefilling the context. A pull that fails falls back
+  to a re-prefill of the state it already holds, so the hand-off's guarantees (resident
+  on one worker, ended exactly once) never depend on the pull.
 """
 
 from __future__ import annotations
@@ -27,12 +32,16 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from cadence.worker.api import (
     AdvanceRequest,
     ClaimRequest,
     Delivery,
     EvictResponse,
+    KvOffer,
+    MoveCounts,
+    MoveKind,
     ParkedInfo,
     ParkReason,
     PlaceRequest,
@@ -249,7 +258,19 @@ class WorkerCore:
             delivering=[d.id for d in self.outbox.queue] if self.outbox is not None else [],
             max_seqs=self.engine.max_seqs,
             step_cost=self.engine.step_cost,
+            transfer_group=self.transfer_group,
+            moves=MoveCounts(**{k: self.counts[f"moves_{k}"] for k in MoveCounts.model_fields}),
         )
+
+    @property
+    def transfer_group(self) -> str | None:
+        """Workers that can pull each other's KV: the same engine layout (model, dtype,
+        block size, parallel layout) on the same accelerator type."""
+        layout = self.engine.transfer_layout
+        if layout is None:
+            return None
+        key = f"{self.identity.accelerator}|{layout}"
+        return f"{self.identity.accelerator}-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
 
     # --- placement ---------------------------------------------------------------------
 
@@ -328,17 +349,41 @@ class WorkerCore:
             self._start(parked)
             del self.parked[req.id]
             return self._placed(parked)
-        claim = ClaimRequest(attempt=req.attempt, destination=self.identity.worker_id)
+        group = self.transfer_group if req.migration != "reprefill" else None
+        claim = ClaimRequest(
+            attempt=req.attempt, destination=self.identity.worker_id, transfer_group=group
+        )
+        asked = self.clock.now()
         state = await self.claim_from(req.source, req.id, claim)
         if state.version != req.version:
             raise Refused(409, "version", f"{req.id} was generated under version {state.version}")
-        self._check_tokens(req.id, Held.of(state, req.attempt).context_ids)
         held = Held.of(state, req.attempt)
-        self._start(held)  # on failure nothing is released: the state stays parked there
+        self._check_tokens(req.id, held.context_ids)
+        reason = self._no_pull(req, state.kv, self.clock.now() - asked)
+        pull = None if reason is not None or state.kv is None else (state.kv, req.source.url)
+        self._start(held, pull=pull)  # on failure nothing is released: it stays parked there
+        moved: MoveKind = "kv" if pull is not None else "reprefill"
+        if pull is None:
+            self.counts["moves_reprefill"] += 1
+            self.counts["moves_reprefill_tokens"] += len(held.context_ids)
         release = ReleaseRequest(attempt=req.attempt, destination=self.identity.worker_id)
         self.unreleased[req.id] = (req.source, release)
         await self._release(req.id)
-        return self._placed(held)
+        return self._placed(held, moved, reason)
+
+    def _no_pull(self, req: PlaceRequest, kv: KvOffer | None, waited: float) -> str | None:
+        """Why a move re-prefills instead of pulling the KV; None: it pulls."""
+        if req.migration == "reprefill":
+            return "the run's migration is reprefill"
+        if self.transfer_group is None:
+            return f"{self.identity.worker_id} cannot pull KV (no KV transfer)"
+        if kv is None:
+            return "the source offered no KV (another KV layout, or no KV transfer there)"
+        if kv.group != self.transfer_group:
+            return f"KV layouts differ ({kv.group} here {self.transfer_group})"
+        if waited > kv.lease_s / 2:
+            return f"the claim took {waited:.1f} s of the source's {kv.lease_s:g} s KV lease"
+        return None
 
     async def retry_releases(self) -> None:
         """Acknowledge hand-offs to their sources. A failed acknowledgement is kept and
@@ -368,13 +413,25 @@ class WorkerCore:
         if self.unreleased.get(rid) == entry:
             del self.unreleased[rid]
 
-    def _start(self, held: Held) -> None:
+    def _start(self, held: Held, pull: tuple[KvOffer, str] | None = None) -> None:
+        """Put `held` on the engine; with `pull` (the source's offer and URL), pulling its
+        KV from the source."""
         budget = held.max_tokens - held.generated
         if budget < 1:
             raise Refused(409, "finished", f"{held.id} has no tokens left to generate")
         request = EngineRequest(
             held.id, held.context_ids, budget, held.sampling, eos_token_id=self.eos_token_id
         )
+        if pull is not None:
+            offer, url = pull
+            params = dict(offer.params)
+            if "remote_host" in params:
+                # The source's side channel listens on its pod's address (it may bind
+                # 0.0.0.0): reach it where its API was reached.
+                params["remote_host"] = urlsplit(url).hostname
+            request.kv_params = params
+            block = getattr(self.engine, "block_size", 1)
+            request.kv_expected = min(offer.tokens, request.context) // block * block
         try:
             self.engine.add(request)
         except RoomError as e:
@@ -388,9 +445,16 @@ class WorkerCore:
         self.resident[held.id] = held
         self.counts["placements"] += 1
 
-    def _placed(self, held: Held) -> PlaceResponse:
+    def _placed(
+        self, held: Held, moved: MoveKind | None = None, reason: str | None = None
+    ) -> PlaceResponse:
         return PlaceResponse(
-            id=held.id, attempt=held.attempt, version=held.version, context=len(held.context_ids)
+            id=held.id,
+            attempt=held.attempt,
+            version=held.version,
+            context=len(held.context_ids),
+            moved=moved,
+            move_reason=reason,
         )
 
     # --- departure ---------------------------------------------------------------------
@@ -425,8 +489,9 @@ class WorkerCore:
                 )
             )
 
-    def claim(self, rid: str, req: ClaimRequest) -> TrajectoryState:
-        """A destination takes a parked state under a lease (it is not released yet)."""
+    async def claim(self, rid: str, req: ClaimRequest) -> TrajectoryState:
+        """A destination takes a parked state under a lease (it is not released yet); one
+        of this worker's transfer group gets the trajectory's KV blocks offered too."""
         held = self.parked.get(rid)
         if held is None:
             raise Refused(404, "not_parked", f"{rid} is not parked here")
@@ -441,7 +506,19 @@ class WorkerCore:
         # unacknowledged hand-off may stay in flight.
         self._fence(rid, req.attempt)
         held.lease = (req.destination, req.attempt, self.clock.now() + req.lease_s)
-        return held.to_state(self.clock.now())
+        state = held.to_state(self.clock.now())
+        group = self.transfer_group
+        if group is None or req.transfer_group != group:
+            return state
+        try:
+            tokens, params = await self.engine.export(rid, held.context_ids)
+        except Exception as e:  # the destination re-prefills; the hand-off goes on
+            log.warning("worker %s: no KV export for %s: %r", self.identity.worker_id, rid, e)
+            self.counts["exports_failed"] += 1
+            return state
+        self.counts["exports"] += 1
+        offer = KvOffer(group=group, tokens=tokens, lease_s=self.engine.kv_lease_s, params=params)
+        return state.model_copy(update={"kv": offer})
 
     def release(self, rid: str, req: ReleaseRequest) -> None:
         """The destination acknowledged: forget the parked state it claimed."""
@@ -511,6 +588,7 @@ class WorkerCore:
         environment, finished ones for the outbox."""
         finished = await self.engine.step()
         self._failed_steps = 0
+        self._count_pulls()
         now = self.clock.now()
         self._progress.append((now, self.engine.decoded_tokens))
         while self._progress and self._progress[0][0] < now - THROUGHPUT_WINDOW_S:
@@ -527,6 +605,24 @@ class WorkerCore:
         if self.outbox is not None:
             await self.outbox.flush()
         return done
+
+    def _count_pulls(self) -> None:
+        pulls, self.engine.pulls[:] = list(self.engine.pulls), []
+        for p in pulls:
+            if p.failure is None:
+                self.counts["moves_kv"] += 1
+                self.counts["moves_kv_tokens"] += p.cached
+                self.counts["moves_kv_bytes"] += p.cached * self.engine.kv_bytes_per_token
+                continue
+            self.counts["moves_kv_fallbacks"] += 1
+            self.counts["moves_reprefill"] += 1
+            self.counts["moves_reprefill_tokens"] += p.context - p.cached
+            log.warning(
+                "worker %s: the KV pull of %s fell back to re-prefill: %s",
+                self.identity.worker_id,
+                p.rid,
+                p.failure,
+            )
 
     def fail_step(self, error: BaseException) -> list[str]:
         """The engine's step raised: its residents' state there is unknown, so each is

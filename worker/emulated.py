@@ -12,6 +12,12 @@ Pacing is honest: each step has a deadline (the previous one plus the modelled s
 time). When producing the tokens took longer than that, the engine does not stretch
 modelled time silently; it counts the lag and reports `fell_behind`, so a run on an
 overloaded host says so instead of distorting every latency it measures.
+
+KV transfer is emulated too: workers of one model, accelerator type and tensor-parallel
+degree form a transfer group, and a move between two of them costs the KV's bytes over
+`link_bytes_per_s` (the modelled cluster link) instead of a prefill of its context, as
+the simulator charges it. The tokens themselves travel in the claim either way; no pull
+can fail here, so failed pulls are vLLM's to show.
 """
 
 from __future__ import annotations
@@ -22,9 +28,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Protocol
 
-from cadence.common.physics import Deployment
+from cadence.common.physics import Deployment, transfer_s
 from cadence.worker.api import StepCostInfo
-from cadence.worker.engine import Clock, EngineRequest, MonotonicClock, RoomError
+from cadence.worker.engine import Clock, EngineRequest, MonotonicClock, PullOutcome, RoomError
+
+# The modelled intra-cluster link a pull crosses: one 200G NIC, 21.7 GB/s measured
+# (CATALOG.md), as the simulator's default.
+LINK_BYTES_PER_S = 21.7e9
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,8 +134,11 @@ class EmulatedEngine:
         clock: Clock | None = None,
         compression: float = 1.0,
         max_batch: int = 256,
+        link_bytes_per_s: float | None = LINK_BYTES_PER_S,
     ) -> None:
         self.deployment = deployment
+        self.link_bytes_per_s = link_bytes_per_s
+        self.pulls: list[PullOutcome] = []
         self.source = source
         self.clock = clock or MonotonicClock()
         self.pacer = Pacer(deployment, self.clock, compression)
@@ -146,6 +159,36 @@ class EmulatedEngine:
     @property
     def max_seqs(self) -> int:
         return self.max_batch
+
+    @property
+    def transfer_layout(self) -> str | None:
+        """Model, accelerator type and tensor-parallel degree; None: no KV link."""
+        if self.link_bytes_per_s is None:
+            return None
+        d = self.deployment
+        return f"{d.model.name}|{d.accelerator.name}|tp {d.tp}"
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return int(self.deployment.model.kv_bytes_per_token)
+
+    @property
+    def kv_lease_s(self) -> float:
+        return 30.0
+
+    async def export(self, rid: str, token_ids: list[int]) -> tuple[int, dict[str, object]]:
+        if self.link_bytes_per_s is None:
+            raise RuntimeError("this engine emulates no KV link")
+        return len(token_ids), {"emulated": True}
+
+    def _load_s(self, r: EngineRequest) -> float:
+        """A new arrival's time to its first step: its pull over the link, or its prefill."""
+        if r.kv_params is None or self.link_bytes_per_s is None:
+            return self.pacer.prefill_s(r.context)
+        self.pulls.append(PullOutcome(r.id, r.context, r.context))
+        r.kv_params = None  # pulled once; a preemption later recomputes, as in vLLM
+        link = self.link_bytes_per_s * self.pacer.compression
+        return transfer_s(r.context, self.deployment.model, link)
 
     @property
     def step_cost(self) -> StepCostInfo:
@@ -212,7 +255,7 @@ class EmulatedEngine:
         running = [r for r in self.requests.values() if not r.preempted]
         fresh = [r for r in running if not r.prefilled]
         if fresh:
-            self.pacer.begin(sum(self.pacer.prefill_s(r.context) for r in fresh))
+            self.pacer.begin(sum(self._load_s(r) for r in fresh))
             for r in fresh:
                 r.prefilled = True
             await self.pacer.finish()

@@ -51,6 +51,10 @@ class EngineRequest:
     prefilled: bool = False
     preempted: bool = False  # KV given up for lack of room; waits to be prefilled again
     error: str | None = None  # the engine failed it; the sample ends marked failed
+    # A move that pulls the source's KV blocks: vLLM's transfer parameters, and how many
+    # context tokens the pull must leave cached here for it to count as done.
+    kv_params: dict[str, object] | None = None
+    kv_expected: int = 0
 
     @property
     def context(self) -> int:
@@ -71,6 +75,17 @@ class EngineRequest:
 
 class RoomError(RuntimeError):
     """The request's KV does not fit in what the engine has left."""
+
+
+@dataclass(frozen=True, slots=True)
+class PullOutcome:
+    """How a KV pull ended: `cached` context tokens were found cached on this engine
+    after it; a failed one (`failure` says why) was re-prefilled instead."""
+
+    rid: str
+    context: int
+    cached: int
+    failure: str | None = None
 
 
 class Engine(Protocol):
@@ -98,6 +113,21 @@ class Engine(Protocol):
 
     @property
     def vocab_size(self) -> int | None: ...  # token ids the model embeds, if known
+
+    @property
+    def transfer_layout(self) -> str | None: ...  # its KV layout, if it can move KV
+
+    @property
+    def kv_bytes_per_token(self) -> int: ...
+
+    @property
+    def kv_lease_s(self) -> float: ...  # how long exported blocks are held for a pull
+
+    pulls: list[PullOutcome]  # pulls that ended since the worker last read them
+
+    async def export(self, rid: str, token_ids: list[int]) -> tuple[int, dict[str, object]]:
+        """Hold `token_ids`' KV blocks for a pull: (tokens held, transfer parameters)."""
+        ...
 
     def used_tokens(self) -> int: ...
 

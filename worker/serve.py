@@ -35,7 +35,7 @@ from cadence.worker.host import create_host_app
 from cadence.worker.outbox import Outbox
 from cadence.worker.tools import HttpEnvironment, ToolUse
 from cadence.worker.torchsource import TorchTokenSource
-from cadence.worker.vllm_engine import VllmEngine
+from cadence.worker.vllm_engine import KvTransfer, VllmEngine
 
 # Where `cadence worker` makes its tiny model when no --model-path is given.
 DEFAULT_MODEL_DIR = Path.home() / ".cache" / "cadence" / "tiny-llama"
@@ -74,6 +74,11 @@ class WorkerOptions:
     # Serve HTTPS with this certificate and key (both or neither); None: plain HTTP.
     tls_cert: Path | None = None
     tls_key: Path | None = None
+    # vllm: KV transfer between workers of one layout, its NIXL side channel on this
+    # port (None: off); how long exported blocks wait; how long a pull may take.
+    kv_transfer_port: int | None = None
+    kv_lease_s: int = 30
+    kv_pull_timeout_s: float = 20.0
 
 
 def check_tls(cert: Path | None, key: Path | None) -> None:
@@ -111,6 +116,15 @@ def check(options: WorkerOptions, *, model_files: bool = True) -> None:
         raise ConfigError(f"--memory-utilization {share} must be in (0, 1]")
     if options.tensor_parallel is not None and options.tensor_parallel < 1:
         raise ConfigError("--tensor-parallel must be at least 1")
+    port = options.kv_transfer_port
+    if port is not None and not 0 < port < 65536:
+        raise ConfigError(f"--kv-transfer-port {port} is not a TCP port")
+    if port is not None and port == options.port:
+        raise ConfigError(f"--kv-transfer-port {port} is the API's --port too")
+    if options.kv_lease_s < 1:
+        raise ConfigError("--kv-lease-s must be at least 1")
+    if not 0 < options.kv_pull_timeout_s < float("inf"):
+        raise ConfigError("--kv-pull-timeout-s must be positive")
     check_tls(options.tls_cert, options.tls_key)
 
 
@@ -137,6 +151,7 @@ def build(options: WorkerOptions) -> WorkerCore:
             max_model_len=options.max_model_len,
             memory_utilization=options.memory_utilization or 0.1,
             tensor_parallel=options.tensor_parallel or 1,
+            kv_transfer=_kv_transfer(options),
         )
     else:
         deployment = emulated_deployment(options)
@@ -187,12 +202,29 @@ def build(options: WorkerOptions) -> WorkerCore:
     )
 
 
+def _kv_transfer(o: WorkerOptions) -> KvTransfer | None:
+    if o.kv_transfer_port is None:
+        return None
+    # The side channel listens where the API does (a pod: every address); destinations
+    # reach it at the host they reached this worker's API at.
+    host = "127.0.0.1" if o.host in ("127.0.0.1", "localhost") else o.host
+    return KvTransfer(
+        port=o.kv_transfer_port,
+        host=host,
+        lease_s=o.kv_lease_s,
+        pull_timeout_s=o.kv_pull_timeout_s,
+    )
+
+
 def _describe(o: WorkerOptions) -> str:
     turns = f"multi-turn via {o.env_url}" if o.env_url else "single-turn"
     delivers = f"delivers to {o.trainer_url}" if o.trainer_url else "keeps its deliveries"
+    kv = ""
+    if o.engine == "vllm":
+        kv = f", KV transfer on port {o.kv_transfer_port}" if o.kv_transfer_port else ""
     return (
         f"cadence worker {o.worker_id}: {o.engine} engine, {o.accelerator} "
-        f"(affinity {o.affinity}), {turns}, {delivers}"
+        f"(affinity {o.affinity}){kv}, {turns}, {delivers}"
     )
 
 

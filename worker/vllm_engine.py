@@ -12,20 +12,45 @@ token accounting), so `WorkerCore` cannot tell them apart:
   between steps and right after an abort, when the engine has not reported yet;
 - each placement gets its own vLLM request id (`<id>#<n>`): an id is never reused;
 - a new policy version loads in place through `collective_rpc` into the engine process
-  (`vllm_extension.WeightLoader`), then the prefix cache is reset.
+  (`vllm_extension.WeightLoader`), then the prefix cache is reset;
+- with KV transfer on (vLLM's NixlConnector, ../shared/notes/kv-transfer-nixl.md), a
+  departed trajectory's KV can be pulled by a worker of the same layout. Its segment ended
+  by an abort, which frees the blocks, so `export` submits the context again as a
+  one-token request that the connector keeps exportable: the prefix cache still holds
+  every full block, so only the last partial block is computed. vLLM holds the blocks
+  until the destination has read them or the lease (`kv_lease_s`) ends. A pull that fails
+  (`kv_load_failure_policy: fail`: the request ends with an error and no token) or gives
+  no token within `pull_timeout_s` is retried as a re-prefill, and reported in `pulls`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import itertools
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 from cadence.worker.api import StepCostInfo
-from cadence.worker.engine import EngineRequest, RoomError
+from cadence.worker.engine import EngineRequest, PullOutcome, RoomError
+
+
+@dataclass(frozen=True, slots=True)
+class KvTransfer:
+    """KV transfer between engines: this engine's NIXL side channel (`port`, bound on
+    `host`), how long exported blocks wait for their pull, how long a pull may take."""
+
+    port: int
+    host: str = "127.0.0.1"
+    lease_s: int = 30
+    pull_timeout_s: float = 20.0
+
+
+class PullFailed(Exception):
+    """A KV pull that did not complete; the request is re-prefilled instead."""
 
 
 @dataclass
@@ -42,9 +67,30 @@ class EngineStats:
 class VllmEngine:
     kind: Literal["vllm"] = "vllm"
 
-    def __init__(self, llm: Any, *, block_size: int, stats: EngineStats | None = None) -> None:
+    def __init__(
+        self,
+        llm: Any,
+        *,
+        block_size: int,
+        stats: EngineStats | None = None,
+        kv_transfer: KvTransfer | None = None,
+    ) -> None:
         self.llm = llm
         self.stats = stats
+        self.block_size = block_size
+        self.kv_transfer = kv_transfer
+        model = llm.vllm_config.model_config
+        hf = model.hf_config
+        layers = int(model.get_num_layers(llm.vllm_config.parallel_config))
+        heads = int(model.get_num_kv_heads(llm.vllm_config.parallel_config))
+        item = 2 if str(model.dtype).endswith(("16", "bfloat16")) else 4
+        self.kv_bytes_per_token = 2 * layers * heads * int(model.get_head_size()) * item
+        self.transfer_layout: str | None = None
+        if kv_transfer is not None:
+            tp = llm.vllm_config.parallel_config.tensor_parallel_size
+            layout = f"{hf.to_json_string()}|{model.dtype}|block {block_size}|tp {tp}"
+            self.transfer_layout = hashlib.sha256(layout.encode()).hexdigest()[:16]
+        self.pulls: list[PullOutcome] = []
         self.max_model_len = int(llm.vllm_config.model_config.max_model_len)
         blocks = llm.vllm_config.cache_config.num_gpu_blocks
         self._capacity = int(blocks) * block_size
@@ -68,14 +114,36 @@ class VllmEngine:
         block_size: int = 32,
         memory_utilization: float = 0.1,
         tensor_parallel: int = 1,
+        kv_transfer: KvTransfer | None = None,
     ) -> VllmEngine:
         """Start vLLM on a local model. On CPU, `memory_utilization` is the share of host
         memory vLLM may reserve, and `kv_blocks` fixes the cache size (tests do)."""
         # vLLM is imported here: it takes seconds and the emulated engine never needs it.
+        from vllm.config import KVTransferConfig  # noqa: PLC0415
         from vllm.engine.arg_utils import AsyncEngineArgs  # noqa: PLC0415
         from vllm.v1.engine.async_llm import AsyncLLM  # noqa: PLC0415
 
         from cadence.worker import vllm_stats  # noqa: PLC0415 (imports vLLM)
+
+        transfer = None
+        if kv_transfer is not None:
+            # The connector reads its side channel from the environment of the engine's
+            # processes, which are started below and inherit it.
+            os.environ["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(kv_transfer.port)
+            os.environ["VLLM_NIXL_SIDE_CHANNEL_HOST"] = kv_transfer.host
+            transfer = KVTransferConfig(
+                kv_connector="NixlConnector",
+                kv_role="kv_both",
+                kv_buffer_device="cpu",
+                # A failed pull ends the request with an error (which `_decode` turns
+                # into a re-prefill, counted) rather than recomputing silently.
+                kv_load_failure_policy="fail",
+                kv_connector_extra_config={
+                    "kv_lease_duration": kv_transfer.lease_s,
+                    # The scheduler decides what is worth moving; pull whatever is offered.
+                    "kv_recompute_threshold": 0,
+                },
+            )
 
         args = AsyncEngineArgs(
             model=str(model_path),
@@ -97,10 +165,15 @@ class VllmEngine:
             # token was drawn from (after temperature and top-p), not vLLM's raw default.
             logprobs_mode="processed_logprobs",
             worker_extension_cls="cadence.worker.vllm_extension.WeightLoader",
+            kv_transfer_config=transfer,
         )
         stats = EngineStats()
         llm = AsyncLLM.from_engine_args(args, stat_loggers=[vllm_stats.factory(stats)])
-        return VllmEngine(llm, block_size=block_size, stats=stats)
+        return VllmEngine(llm, block_size=block_size, stats=stats, kv_transfer=kv_transfer)
+
+    @property
+    def kv_lease_s(self) -> float:
+        return float(self.kv_transfer.lease_s) if self.kv_transfer is not None else 0.0
 
     @property
     def capacity_tokens(self) -> int:
@@ -133,12 +206,12 @@ class VllmEngine:
         self._tasks[request.id] = asyncio.get_running_loop().create_task(self._decode(request, vid))
         self.wake.set()
 
-    async def _decode(self, request: EngineRequest, vid: str) -> None:
+    def _params(self, request: EngineRequest, pull: dict[str, object] | None) -> Any:
         from vllm import SamplingParams  # noqa: PLC0415
         from vllm.sampling_params import RequestOutputKind  # noqa: PLC0415
 
         s = request.sampling
-        params = SamplingParams(
+        return SamplingParams(
             temperature=s.temperature,
             top_p=s.top_p,
             seed=s.seed,
@@ -147,24 +220,21 @@ class VllmEngine:
             max_tokens=min(request.max_new_tokens, self.max_model_len - request.context),
             logprobs=0,
             output_kind=RequestOutputKind.DELTA,
+            extra_args={"kv_transfer_params": dict(pull)} if pull is not None else None,
         )
+
+    async def _decode(self, request: EngineRequest, vid: str) -> None:
         try:
-            stream = self.llm.generate({"prompt_token_ids": request.context_ids}, params, vid)
-            async for out in stream:
-                if self.requests.get(request.id) is not request:
-                    break
-                completion = out.outputs[0]
-                request.prefilled = True
-                logprobs = completion.logprobs or [{} for _ in completion.token_ids]
-                for token, alternatives in zip(completion.token_ids, logprobs, strict=True):
-                    chosen = alternatives.get(token)
-                    request.output.token_ids.append(token)
-                    request.output.logprobs.append(chosen.logprob if chosen else float("nan"))
-                self.decoded_tokens += len(completion.token_ids)
-                if out.finished:
-                    del self.requests[request.id]
-                    self._finished.append(request)
-                self._progress.set()
+            if request.kv_params is not None:
+                try:
+                    await self._stream(request, vid, pull=request.kv_params)
+                    return
+                except PullFailed as e:
+                    self.pulls.append(PullOutcome(request.id, request.context, 0, str(e)))
+                    vid = f"{request.id}#{next(self._serial)}"
+            await self._stream(request, vid, pull=None)
+        except PullFailed as e:  # only a pull raises it
+            raise AssertionError("a re-prefill cannot fail as a pull") from e
         except Exception as e:  # vLLM refused or failed the request: it ends, marked
             if self.requests.get(request.id) is request:
                 del self.requests[request.id]
@@ -174,6 +244,89 @@ class VllmEngine:
         finally:
             if self._tasks.get(request.id) is asyncio.current_task():
                 del self._tasks[request.id]
+
+    async def _stream(
+        self, request: EngineRequest, vid: str, pull: dict[str, object] | None
+    ) -> None:
+        """Run `vid` to its end, recording its tokens. With `pull`, the first output must
+        come within the pull timeout and carry a token: else PullFailed (nothing of it
+        recorded, the vLLM request aborted)."""
+        params = self._params(request, pull)
+        stream = self.llm.generate({"prompt_token_ids": request.context_ids}, params, vid)
+        try:
+            if pull is not None:
+                assert self.kv_transfer is not None
+                timeout = self.kv_transfer.pull_timeout_s
+                try:
+                    first = await asyncio.wait_for(anext(stream), timeout)
+                except TimeoutError:
+                    raise PullFailed(f"no token within {timeout:g} s") from None
+                except StopAsyncIteration:
+                    raise PullFailed("the request ended without output") from None
+                completion = first.outputs[0]
+                if completion.finish_reason == "error" or not completion.token_ids:
+                    raise PullFailed("the engine could not load the source's KV blocks")
+                cached = int(first.num_cached_tokens or 0)
+                if cached < request.kv_expected:
+                    # Not a failure of the result (vLLM computed what it lacked) but not
+                    # a pull either: counted as a fallback, the output kept.
+                    self.pulls.append(
+                        PullOutcome(
+                            request.id,
+                            request.context,
+                            cached,
+                            f"{cached} of {request.kv_expected} tokens cached",
+                        )
+                    )
+                else:
+                    self.pulls.append(PullOutcome(request.id, request.context, cached))
+                if not self._record(request, first):
+                    return
+            async for out in stream:
+                if not self._record(request, out):
+                    break
+        finally:
+            await stream.aclose()
+
+    def _record(self, request: EngineRequest, out: Any) -> bool:
+        """Append `out`'s tokens to `request`; False once it is no longer resident."""
+        if self.requests.get(request.id) is not request:
+            return False
+        completion = out.outputs[0]
+        request.prefilled = True
+        logprobs = completion.logprobs or [{} for _ in completion.token_ids]
+        for token, alternatives in zip(completion.token_ids, logprobs, strict=True):
+            chosen = alternatives.get(token)
+            request.output.token_ids.append(token)
+            request.output.logprobs.append(chosen.logprob if chosen else float("nan"))
+        self.decoded_tokens += len(completion.token_ids)
+        if out.finished:
+            del self.requests[request.id]
+            self._finished.append(request)
+        self._progress.set()
+        return True
+
+    async def export(self, rid: str, token_ids: list[int]) -> tuple[int, dict[str, object]]:
+        """Hold the KV of `token_ids` for a pull; (tokens held, vLLM's transfer params).
+        A one-token request whose token is discarded: the connector keeps the blocks of
+        a request that ended by its length, under the lease."""
+        from vllm import SamplingParams  # noqa: PLC0415
+
+        if self.kv_transfer is None:
+            raise RuntimeError("this engine was started without KV transfer")
+        params = SamplingParams(
+            temperature=0.0,
+            max_tokens=1,
+            extra_args={"kv_transfer_params": {"do_remote_decode": True}},
+        )
+        vid = f"{rid}#export{next(self._serial)}"
+        final = None
+        async for out in self.llm.generate({"prompt_token_ids": token_ids}, params, vid):
+            final = out
+        kv = final.kv_transfer_params if final is not None else None
+        if not kv or not kv.get("remote_block_ids"):
+            raise RuntimeError(f"vLLM kept no blocks for {rid}'s export")
+        return int(kv.get("remote_num_tokens") or 0), dict(kv)
 
     def abort(self, rid: str) -> EngineRequest:
         """Stop `rid`; it keeps the tokens recorded so far. vLLM frees its blocks when

@@ -98,7 +98,7 @@ class Pool:
     async def _claim(self, source: Source, rid: str, req: ClaimRequest) -> TrajectoryState:
         if source.worker_id in self.down:
             raise ConnectionError(f"{source.worker_id} is down")
-        return self.cores[source.worker_id].claim(rid, req)
+        return await self.cores[source.worker_id].claim(rid, req)
 
     async def _release(self, source: Source, rid: str, req: ReleaseRequest) -> None:
         if source.worker_id in self.down:

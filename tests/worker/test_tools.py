@@ -143,13 +143,13 @@ def test_a_trajectory_waiting_for_its_environment_cannot_be_taken() -> None:
     async def run() -> None:
         await _until(core, lambda: "t" in core.parked)
         with pytest.raises(Refused) as claimed:
-            core.claim("t", ClaimRequest(attempt=1, destination="x"))
+            await core.claim("t", ClaimRequest(attempt=1, destination="x"))
         with pytest.raises(Refused) as placed:
             await core.place(PlaceRequest(id="t", attempt=1, version=0, source=_self()))
         assert claimed.value.reason == placed.value.reason == "environment"
         gate.set()
         await _until(core, lambda: core.parked["t"].reason == "ready")
-        core.claim("t", ClaimRequest(attempt=1, destination="x"))  # now it may move
+        await core.claim("t", ClaimRequest(attempt=1, destination="x"))  # now it may move
 
     asyncio.run(run())
 
