@@ -210,7 +210,8 @@ _REPLICA_BOUNDS = _rule(
 
 # What the operator's own pods use; an overlay may not take these names.
 RESERVED_VOLUMES = frozenset({"shm", "weights", "models", "state", "config"})
-RESERVED_ENV = frozenset({"CADENCE_TOKEN"})
+# UCX_TCP_PORT_RANGE keeps the KV data plane within the ports its NetworkPolicy opens.
+RESERVED_ENV = frozenset({"CADENCE_TOKEN", "UCX_TCP_PORT_RANGE"})
 
 
 class PodOverlay(_Spec):
@@ -245,7 +246,7 @@ class PodOverlay(_Spec):
     """Names of Secrets in the namespace the images are pulled with."""
     env: list[dict[str, Any]] = Field(default=[], max_length=64)
     """Environment variables (Kubernetes EnvVar objects) added to the main container,
-    after the operator's own; CADENCE_TOKEN is the operator's."""
+    after the operator's own; CADENCE_TOKEN and UCX_TCP_PORT_RANGE are the operator's."""
     volumes: list[dict[str, Any]] = Field(default=[], max_length=32)
     """Volumes (Kubernetes Volume objects) added to the pods; shm, models, state and
     config are the operator's names."""

@@ -318,6 +318,7 @@ def test_a_pod_template_overlay_reaches_worker_and_trainer_pods_under_the_operat
     [
         ({"volumes": [{"name": "shm", "emptyDir": {}}]}, "volume name 'shm' is the operator's"),
         ({"env": [{"name": "CADENCE_TOKEN", "value": "x"}]}, "env name 'CADENCE_TOKEN'"),
+        ({"env": [{"name": "UCX_TCP_PORT_RANGE", "value": "1-9"}]}, "'UCX_TCP_PORT_RANGE'"),
         ({"volumeMounts": [{"name": "cache"}]}, "needs a name and a mountPath"),
         ({"labels": {"bad key!": "x"}}, "is not a label key"),
     ],
