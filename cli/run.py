@@ -127,6 +127,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
             chaos_every_s=args.chaos or 0.0,
             chaos_targets=targets,
             seed=args.seed,
+            migration=args.migration,
         )
         folder = workdir if len(policies) == 1 else workdir / str(name)
         view = Live(console=console, refresh_per_second=4, transient=True) if show else None
@@ -172,6 +173,12 @@ def add_run(sub: Commands) -> None:
         "--compare",
         metavar="A,B,...",
         help="run the same file under each policy in turn and print them side by side",
+    )
+    rn.add_argument(
+        "--migration",
+        choices=["auto", "kv", "reprefill"],
+        help="override the run's scheduler.migration: how a departed trajectory moves "
+        "(auto: pull its KV where the two workers' layouts match, else re-prefill)",
     )
     rn.add_argument("--hosts", type=at_least(1), default=2, help="worker host processes")
     rn.add_argument("--compression", type=float, default=1.0, help="time compression factor")

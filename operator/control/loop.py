@@ -50,6 +50,7 @@ from cadence.trainer.client import TrainerClient, TrainerError
 from cadence.worker.api import (
     AdvanceRequest,
     FreshStart,
+    MoveCounts,
     PlaceRequest,
     Sampling,
     Source,
@@ -114,6 +115,7 @@ class ControlLoop:
     _lost: set[str] = field(default_factory=set)
     _pending_since: dict[str, float] = field(default_factory=dict)
     _totals: Counter[str] = field(default_factory=Counter)  # actions, errors, requeued
+    _moves: dict[str, MoveCounts] = field(default_factory=dict)  # each worker's, last seen
     # Advances in flight (fetching and loading weights takes long): the worker is left
     # out of observation and planning until its advance ends, so cycles stay short.
     _advancing: dict[str, asyncio.Task[None]] = field(default_factory=dict)
@@ -162,6 +164,15 @@ class ControlLoop:
     def totals(self) -> Counter[str]:
         """Actions applied by kind, errors, re-queued samples and cycles, since start."""
         return Counter(self._totals)
+
+    @property
+    def moves(self) -> MoveCounts:
+        """Moves into every worker observed so far, by kind (a lost worker's as it last
+        reported them)."""
+        summed = {
+            k: sum(getattr(m, k) for m in self._moves.values()) for k in MoveCounts.model_fields
+        }
+        return MoveCounts(**summed)
 
     async def aclose(self) -> None:
         for task in self._advancing.values():
@@ -254,6 +265,7 @@ class ControlLoop:
             result = answers.get(wid)
             if isinstance(result, WorkerState):
                 live[wid] = result
+                self._moves[wid] = result.moves
                 self._silent_since.pop(wid, None)
                 continue
             since = self._silent_since.setdefault(wid, now)
@@ -314,6 +326,7 @@ class ControlLoop:
                     draining=st.draining,
                     max_seqs=st.max_seqs,
                     cost=StepCost(**st.step_cost.model_dump()) if st.step_cost else None,
+                    transfer_group=st.transfer_group,
                 )
             )
             for p in st.parked:
@@ -529,7 +542,11 @@ class ControlLoop:
                 origin = Source(worker_id=source, url=self.workers[source])
                 attempt = attempts.get(a.trajectory, 0) + 1
                 req = PlaceRequest(
-                    id=a.trajectory, attempt=attempt, version=a.version, source=origin
+                    id=a.trajectory,
+                    attempt=attempt,
+                    version=a.version,
+                    source=origin,
+                    migration=self.config.knobs.migration,
                 )
             requests.append(req)
             version = a.version if f is not None else None
@@ -595,6 +612,21 @@ class _LoopCollector(Collector):
             c = CounterMetricFamily(f"cadence_loop_{name}", doc)
             c.add_metric([], loop._totals[name])
             yield c
+        moves = loop.moves
+        migrations = CounterMetricFamily(
+            "cadence_loop_migrations",
+            "Departed trajectories moved between workers, by how: KV pulled, or re-prefilled "
+            "(fallbacks from a failed pull included).",
+            labels=["kind"],
+        )
+        migrations.add_metric(["kv"], moves.kv)
+        migrations.add_metric(["reprefill"], moves.reprefill)
+        yield migrations
+        fallbacks = CounterMetricFamily(
+            "cadence_loop_kv_fallbacks", "KV pulls that failed or timed out and re-prefilled."
+        )
+        fallbacks.add_metric([], moves.kv_fallbacks)
+        yield fallbacks
         lost = GaugeMetricFamily("cadence_loop_lost_workers", "Workers declared lost.")
         lost.add_metric([], len(loop._lost))
         yield lost

@@ -19,6 +19,7 @@ from cadence.common.stats import percentile
 from cadence.operator.control.loop import ControlLoop, CycleReport
 from cadence.operator.local.supervise import PoolWorker
 from cadence.trainer.api import RunStats
+from cadence.worker.api import MoveCounts
 
 T = TypeVar("T")
 
@@ -132,6 +133,7 @@ def measures(
         "samples_failed": ledger.failed,
         "requeued": totals["requeued"],
         "actions": {k: totals[k] for k in ("evict", "place", "advance", "admit")},
+        **_migrations(loop.moves),
         "deliveries_stale": stats.arrivals.get("stale", 0),
         "cycle_ms_p50": round(statistics.median(cycles), 2) if cycles else 0.0,
         "cycle_ms_p95": round(percentile(cycles, 0.95), 2),
@@ -143,4 +145,15 @@ def measures(
         "reward_by_version": {
             str(v): round(stats.reward_by_version[v], 4) for v in sorted(stats.reward_by_version)
         },
+    }
+
+
+def _migrations(moves: MoveCounts) -> dict[str, int]:
+    """Moves by kind, named as the simulator names them."""
+    return {
+        "migrations_kv": moves.kv,
+        "migrations_reprefill": moves.reprefill,
+        "migrations_kv_fallbacks": moves.kv_fallbacks,
+        "migrated_kv_bytes": moves.kv_bytes,
+        "reprefill_tokens": moves.reprefill_tokens,
     }

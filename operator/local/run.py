@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import secrets
 import time
@@ -40,7 +41,7 @@ from cadence.operator.scheduler.registry import POLICIES
 from cadence.trainer.api import RunStats
 from cadence.trainer.client import TrainerClient, TrainerError
 from cadence.trainer.config import TrainerConfig
-from cadence.worker.api import WorkerState
+from cadence.worker.api import Migration, WorkerState
 from cadence.worker.tinymodel import make_tiny_llama
 
 log = logging.getLogger("cadence.run")
@@ -85,6 +86,7 @@ class RunOptions:
     chaos_targets: frozenset[str] = DEFAULT_TARGETS  # chaos.TARGETS: what it strikes
     seed: int = 0
     lost_after_s: float = 3.0
+    migration: Migration | None = None  # None: the TrainingRun's
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,7 +140,10 @@ async def run(
             log.warning("%s", warning)
     children = Children(workdir / "logs", env={"CADENCE_TOKEN": token})
     async with children:
-        sup = Supervisor(children, [], workdir / "weights", options.engine)
+        migration = options.migration or spec.scheduler.migration
+        sup = Supervisor(
+            children, [], workdir / "weights", options.engine, kv_transfer=migration != "reprefill"
+        )
         trainer_url = sup.start_service(
             "trainer", ["trainer", "--config", str(workdir / "trainer.json")]
         )
@@ -153,7 +158,7 @@ async def run(
         state = Progress(policy)
         await sup.healthy("trainer", within_s=300)
         await sup.start_pool(workers, options.hosts)
-        knobs = knobs_of(training)
+        knobs = dataclasses.replace(knobs_of(training), migration=migration)
         client = TrainerClient(trainer_url, token)
         started, wall_started = time.monotonic(), time.time()
         timeline: list[Sample] = []

@@ -29,7 +29,7 @@ from typing import Literal
 
 from cadence.operator.control.loop import ControlLoop
 from cadence.operator.local.chaos import Target
-from cadence.operator.local.processes import Children
+from cadence.operator.local.processes import Children, free_port
 from cadence.worker.api import WorkerState
 
 log = logging.getLogger("cadence.run")
@@ -60,8 +60,11 @@ class Supervisor:
         common: list[str],
         weights: Path,
         engine: Literal["emulated", "vllm"] = "emulated",
+        *,
+        kv_transfer: bool = True,
     ) -> None:
         self.children = children
+        self.kv_transfer = kv_transfer  # vLLM workers open a KV side channel each
         self.common = common  # every worker's options
         self.weights = weights  # each worker keeps its versions in its own folder below
         self.engine = engine
@@ -119,6 +122,8 @@ class Supervisor:
     def _start_single(self, w: PoolWorker, slot: str) -> str:
         args = ["worker", "--id", w.id, "--engine", "vllm", "--accelerator", w.accelerator]
         args += ["--affinity", str(w.affinity), "--weights-dir", str(self.weights / w.id)]
+        if self.kv_transfer:
+            args += ["--kv-transfer-port", str(free_port())]
         url = self.children.start(w.id, [*args, *self.common])
         self.members[w.id] = [w]
         self.urls[w.id] = url
