@@ -249,15 +249,21 @@ class TargetIndex:
     def place_next(self, out: list[Action]) -> int | None:
         """Place the longest trajectory any target can take; return how many residents
         it displaced, or None when no target can take any."""
-        best: tuple[tuple[int, str, int, int, tuple[int, float]], WorkingWorker, _Pick] | None
-        best = None
+        best: tuple[tuple[int, str, int, int], WorkingWorker, _Pick] | None = None
         for rank, entries in self._picks.items():
             if any(p is not None and not self._live(p) for _, p, _, _ in entries):
                 self._refresh(rank)  # a pick was taken by another rank's placement
             for w, pick, _, margin in self._picks[rank]:
                 if pick is not None:
-                    key = (pick[0], pick[1], rank[0], margin, self._preference(pick, w))
-                    if best is None or key > best[0]:
+                    key = (pick[0], pick[1], rank[0], margin)
+                    if (
+                        best is None
+                        or key > best[0]
+                        or (
+                            key == best[0]
+                            and self._preference(pick, w) > self._preference(pick, best[1])
+                        )
+                    ):
                         best = (key, w, pick)
         if best is None:
             return None
@@ -299,14 +305,23 @@ class TargetIndex:
                     heaps.append(heap)
             if not heaps:
                 continue
+            if len(heaps) == 1:  # one group: margin, then id (tuples compare in C)
+                top = heaps[0][0]
+                if -top[0] >= context and top[3].has_seat():
+                    return top[3]
+                ordered = sorted(heaps[0])
+            else:
 
-            def order(e: tuple[int, str, int, WorkingWorker]) -> tuple[int, tuple[int, float], str]:
-                return (e[0], self._move_key(context, source, e[3]), e[1])
+                def order(
+                    e: tuple[int, str, int, WorkingWorker],
+                ) -> tuple[int, tuple[int, float], str]:
+                    return (e[0], self._move_key(context, source, e[3]), e[1])
 
-            top = min((heap[0] for heap in heaps), key=order)
-            if -top[0] >= context and top[3].has_seat():
-                return top[3]
-            for _, _, changes, w in sorted((e for heap in heaps for e in heap), key=order):
+                top = min((heap[0] for heap in heaps), key=order)
+                if -top[0] >= context and top[3].has_seat():
+                    return top[3]
+                ordered = sorted((e for heap in heaps for e in heap), key=order)
+            for _, _, changes, w in ordered:
                 if changes == self._changes[w.id] and self.fits(w, context):
                     return w
         return None
