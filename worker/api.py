@@ -173,6 +173,10 @@ class WorkerState(_Body):
     # cannot (an emulated engine, or vLLM started without KV transfer).
     transfer_group: str | None = None
     moves: MoveCounts = MoveCounts()
+    # What a pull costs: the model's KV bytes per token, and the link's bytes per second
+    # in this worker's time (an emulated one's modelled link; None where unknown).
+    kv_bytes_per_token: int | None = Field(default=None, ge=1)
+    kv_link_bytes_per_s: float | None = Field(default=None, gt=0, allow_inf_nan=False)
 
 
 class PlaceResponse(_Body):

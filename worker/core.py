@@ -56,7 +56,7 @@ from cadence.worker.api import (
     Turn,
     WorkerState,
 )
-from cadence.worker.engine import Clock, Engine, EngineRequest, RoomError
+from cadence.worker.engine import Clock, Engine, EngineRequest, RoomError, pulled_tokens
 from cadence.worker.outbox import Outbox
 from cadence.worker.tools import ToolUse
 
@@ -259,6 +259,8 @@ class WorkerCore:
             max_seqs=self.engine.max_seqs,
             step_cost=self.engine.step_cost,
             transfer_group=self.transfer_group,
+            kv_bytes_per_token=self.engine.kv_bytes_per_token or None,
+            kv_link_bytes_per_s=self.engine.kv_link_bytes_per_s,
             moves=MoveCounts(**{k: self.counts[f"moves_{k}"] for k in MoveCounts.model_fields}),
         )
 
@@ -431,7 +433,7 @@ class WorkerCore:
                 params["remote_host"] = urlsplit(url).hostname
             request.kv_params = params
             block = getattr(self.engine, "block_size", 1)
-            request.kv_expected = min(offer.tokens, request.context) // block * block
+            request.kv_expected = pulled_tokens(offer.tokens, request.context, block)
         try:
             self.engine.add(request)
         except RoomError as e:

@@ -176,6 +176,12 @@ class EmulatedEngine:
     def kv_lease_s(self) -> float:
         return 30.0
 
+    @property
+    def kv_link_bytes_per_s(self) -> float | None:
+        if self.link_bytes_per_s is None:
+            return None
+        return self.link_bytes_per_s * self.pacer.compression
+
     async def export(self, rid: str, token_ids: list[int]) -> tuple[int, dict[str, object]]:
         if self.link_bytes_per_s is None:
             raise RuntimeError("this engine emulates no KV link")
@@ -187,8 +193,8 @@ class EmulatedEngine:
             return self.pacer.prefill_s(r.context)
         self.pulls.append(PullOutcome(r.id, r.context, r.context))
         r.kv_params = None  # pulled once; a preemption later recomputes, as in vLLM
-        link = self.link_bytes_per_s * self.pacer.compression
-        return transfer_s(r.context, self.deployment.model, link)
+        assert self.kv_link_bytes_per_s is not None
+        return transfer_s(r.context, self.deployment.model, self.kv_link_bytes_per_s)
 
     @property
     def step_cost(self) -> StepCostInfo:

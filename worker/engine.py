@@ -77,6 +77,13 @@ class RoomError(RuntimeError):
     """The request's KV does not fit in what the engine has left."""
 
 
+def pulled_tokens(offered: int, context: int, block: int) -> int:
+    """The context a pull leaves cached on the destination: the whole blocks of what was
+    offered, short of the last token, which the destination computes itself to sample
+    the next one (a context of exactly 8 blocks pulls 7)."""
+    return min(offered, context - 1) // block * block
+
+
 @dataclass(frozen=True, slots=True)
 class PullOutcome:
     """How a KV pull ended: `cached` context tokens were found cached on this engine
@@ -122,6 +129,9 @@ class Engine(Protocol):
 
     @property
     def kv_lease_s(self) -> float: ...  # how long exported blocks are held for a pull
+
+    @property
+    def kv_link_bytes_per_s(self) -> float | None: ...  # a pull's link, in engine time
 
     pulls: list[PullOutcome]  # pulls that ended since the worker last read them
 

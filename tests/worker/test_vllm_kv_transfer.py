@@ -2,7 +2,9 @@
 KV exported by its source and pulled by its destination continues token-identically with
 the context cached; the blocks held for a pull are freed after it and after a hand-off
 nobody pulls; a pull from a source that is gone, or one that hangs, falls back to a
-re-prefill that loses nothing."""
+re-prefill that loses nothing. Then the same through two workers' hand-off: a move within
+a transfer group pulls, one across groups (or under `migration: reprefill`) re-prefills
+and says why, and every failure ends the sample exactly once."""
 
 from __future__ import annotations
 
@@ -10,14 +12,25 @@ import asyncio
 import dataclasses
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from cadence.operator.local.processes import free_port
-from cadence.worker.api import Sampling
-from cadence.worker.engine import EngineRequest
+from cadence.worker.api import (
+    ClaimRequest,
+    FreshStart,
+    Migration,
+    PlaceRequest,
+    PlaceResponse,
+    ReleaseRequest,
+    Sampling,
+    Source,
+    TrajectoryState,
+)
+from cadence.worker.core import Identity, WorkerCore
+from cadence.worker.engine import EngineRequest, MonotonicClock, pulled_tokens
 from cadence.worker.vllm_engine import KvTransfer, VllmEngine
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
@@ -108,7 +121,7 @@ def _move(
         assert tokens == len(context)
         moved = EngineRequest(rid, context, 60 - len(first.output.token_ids), GREEDY)
         moved.kv_params = {**params, **(offer or {})}
-        moved.kv_expected = len(context) // 32 * 32
+        moved.kv_expected = pulled_tokens(tokens, len(context), 32)
         await _decode(b, moved, None)
         return reference.output.token_ids, first.output.token_ids + moved.output.token_ids, moved
 
@@ -186,3 +199,173 @@ def test_a_pull_that_hangs_times_out_and_re_prefills(
     assert moved == reference
     [(rid, _cached, failure)] = _pulls(b)
     assert rid == "hung" and failure == "no token within 1 s"
+
+
+# --- the hand-off between two workers on these engines ----------------------------------
+
+
+class Workers:
+    """Worker cores on the module's engines, reaching each other by calling methods (the
+    HTTP hop left out); `doctor` rewrites a claim's KV offer on its way back, as what
+    happened to the source between its answer and the pull would look to the pull."""
+
+    def __init__(self) -> None:
+        self.clock = MonotonicClock()
+        self.cores: dict[str, WorkerCore] = {}
+        self.doctor: dict[str, object] = {}
+
+    def add(self, wid: str, engine: VllmEngine, accelerator: str = "H800") -> WorkerCore:
+        core = WorkerCore(
+            Identity(wid, accelerator, 0), engine, self.clock, self._claim, self._release, 0
+        )
+        self.cores[wid] = core
+        return core
+
+    async def _claim(self, source: Source, rid: str, req: ClaimRequest) -> TrajectoryState:
+        state = await self.cores[source.worker_id].claim(rid, req)
+        if state.kv is not None and self.doctor:
+            offer = state.kv.model_copy(update={"params": {**state.kv.params, **self.doctor}})
+            state = state.model_copy(update={"kv": offer})
+        return state
+
+    async def _release(self, source: Source, rid: str, req: ReleaseRequest) -> None:
+        self.cores[source.worker_id].release(rid, req)
+
+    async def until(self, done: Callable[[], bool]) -> None:
+        while not done():
+            for core in self.cores.values():
+                if core.resident:
+                    await core.step()
+            await asyncio.sleep(0)
+
+    def ended(self, rid: str) -> list[list[int]]:
+        """Every ending of `rid` on any worker: its generated tokens."""
+        return [
+            [t for turn in s.turns for t in turn.token_ids]
+            for core in self.cores.values()
+            for s in core.finished
+            if s.id == rid
+        ]
+
+
+def _start(rid: str, attempt: int = 0) -> PlaceRequest:
+    begin = FreshStart(prompt_token_ids=PROMPT, max_tokens=60, sampling=GREEDY)
+    return PlaceRequest(id=rid, attempt=attempt, version=0, fresh=begin)
+
+
+def _from(rid: str, source: str, attempt: int, migration: Migration = "auto") -> PlaceRequest:
+    origin = Source(worker_id=source, url="http://127.0.0.1:1")
+    return PlaceRequest(id=rid, attempt=attempt, version=0, source=origin, migration=migration)
+
+
+def _handoff(
+    loop: asyncio.AbstractEventLoop, workers: Workers, rid: str, to: str, migration: Migration
+) -> tuple[list[int], PlaceResponse]:
+    """`rid` decodes 20 tokens on "a", departs, and is placed on `to`, where it ends;
+    returns the reference (an uninterrupted run on "a") and the placement's answer."""
+    a = workers.cores["a"]
+
+    async def run() -> tuple[list[int], PlaceResponse]:
+        await a.place(_start(f"{rid}-ref"))
+        await workers.until(lambda: not a.resident)
+        [reference] = workers.ended(f"{rid}-ref")
+        await a.place(_start(rid))
+        await workers.until(lambda: a.state().residents[0].generated >= 20)
+        a.evict(rid)
+        placed = await workers.cores[to].place(_from(rid, "a", 1, migration))
+        await workers.until(lambda: bool(workers.ended(rid)))
+        return reference, placed
+
+    return loop.run_until_complete(run())
+
+
+def test_a_move_within_a_transfer_group_pulls_the_kv_and_ends_once(
+    engines: tuple[VllmEngine, VllmEngine], loop: asyncio.AbstractEventLoop
+) -> None:
+    workers = Workers()
+    a, b = workers.add("a", engines[0]), workers.add("b", engines[1])
+    assert a.transfer_group is not None and a.transfer_group == b.transfer_group
+    reference, placed = _handoff(loop, workers, "kv-move", "b", "auto")
+    assert (placed.moved, placed.move_reason) == ("kv", None)
+    assert workers.ended("kv-move") == [reference]
+    moves = b.state().moves
+    assert (moves.kv, moves.reprefill, moves.kv_fallbacks) == (1, 0, 0)
+    assert moves.kv_tokens >= 96 and moves.kv_bytes == moves.kv_tokens * 512
+    assert not a.parked and a.counts["exports"] == 1
+
+
+@pytest.mark.parametrize(
+    ("accelerator", "migration", "said"),
+    [
+        ("A910X", "auto", "the source offered no KV"),  # another accelerator type
+        ("H800", "reprefill", "the run's migration is reprefill"),
+    ],
+)
+def test_a_move_that_cannot_or_may_not_pull_re_prefills_and_says_why(
+    engines: tuple[VllmEngine, VllmEngine],
+    loop: asyncio.AbstractEventLoop,
+    accelerator: str,
+    migration: Migration,
+    said: str,
+) -> None:
+    workers = Workers()
+    a, c = workers.add("a", engines[0]), workers.add("c", engines[1], accelerator)
+    rid = f"re-{accelerator}-{migration}"
+    reference, placed = _handoff(loop, workers, rid, "c", migration)
+    assert placed.moved == "reprefill" and placed.move_reason is not None
+    assert said in placed.move_reason
+    assert workers.ended(rid) == [reference]
+    moves = c.state().moves
+    assert (moves.kv, moves.reprefill, moves.reprefill_tokens) == (0, 1, 120)
+    assert a.counts["exports"] == 0  # nothing held for a pull nobody can make
+
+
+@pytest.mark.parametrize("fault", ["source gone", "pull hangs"])
+def test_a_failed_pull_falls_back_to_re_prefill_and_the_sample_ends_once(
+    engines: tuple[VllmEngine, VllmEngine], loop: asyncio.AbstractEventLoop, fault: str
+) -> None:
+    workers = Workers()
+    workers.add("a", engines[0])
+    b = workers.add("b", engines[1])
+    engine = engines[1]
+    silent = socket.create_server(("127.0.0.1", 0))  # accepts, then never answers
+    held: list[socket.socket] = []
+    threading.Thread(target=lambda: held.append(silent.accept()[0]), daemon=True).start()
+    port = free_port() if fault == "source gone" else silent.getsockname()[1]
+    workers.doctor = {"remote_engine_id": fault, "remote_port": port}
+    assert engine.kv_transfer is not None
+    patience = engine.kv_transfer
+    engine.kv_transfer = dataclasses.replace(patience, pull_timeout_s=2.0)
+    try:
+        rid = fault.replace(" ", "-")
+        reference, placed = _handoff(loop, workers, rid, "b", "auto")
+    finally:
+        engine.kv_transfer = patience
+        silent.close()
+    assert placed.moved == "kv"  # what was tried; the fallback is counted
+    assert workers.ended(rid) == [reference]
+    moves = b.state().moves
+    assert (moves.kv, moves.kv_fallbacks, moves.reprefill) == (0, 1, 1)
+
+
+def test_a_destination_lost_after_its_claim_leaves_the_move_to_the_next_attempt(
+    engines: tuple[VllmEngine, VllmEngine], loop: asyncio.AbstractEventLoop
+) -> None:
+    workers = Workers()
+    a, b = workers.add("a", engines[0]), workers.add("b", engines[1])
+
+    async def run() -> PlaceResponse:
+        await a.place(_start("orphaned"))
+        await workers.until(lambda: a.state().residents[0].generated >= 20)
+        a.evict("orphaned")
+        # "x" claims attempt 1 (the KV is exported for it) and is never heard of again.
+        lost = ClaimRequest(attempt=1, destination="x", transfer_group=a.transfer_group)
+        assert (await a.claim("orphaned", lost)).kv is not None
+        placed = await b.place(_from("orphaned", "a", 2))
+        await workers.until(lambda: bool(workers.ended("orphaned")))
+        return placed
+
+    placed = loop.run_until_complete(run())
+    assert placed.moved == "kv" and placed.attempt == 2
+    assert len(workers.ended("orphaned")) == 1 and not a.parked
+    assert b.state().moves.kv == 1 and a.counts["exports"] == 2
