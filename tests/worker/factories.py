@@ -12,6 +12,7 @@ from cadence.operator.local import processes as localpool
 from cadence.worker.api import (
     ClaimRequest,
     FreshStart,
+    Migration,
     PlaceRequest,
     ReleaseRequest,
     Sampling,
@@ -19,7 +20,7 @@ from cadence.worker.api import (
     TrajectoryState,
 )
 from cadence.worker.core import Identity, WorkerCore
-from cadence.worker.emulated import EmulatedEngine, Sampled, TokenSource
+from cadence.worker.emulated import LINK_BYTES_PER_S, EmulatedEngine, Sampled, TokenSource
 from cadence.worker.engine import EngineRequest
 
 
@@ -82,12 +83,17 @@ class Pool:
         capacity: int = 100_000,
         version: int | None = 0,
         source: TokenSource | None = None,
+        accelerator: str = "H800",
+        kv_link: bool = True,
     ) -> WorkerCore:
         engine = EmulatedEngine(
-            deployment(capacity=capacity), source or CountingSource(), clock=self.clock
+            deployment(accelerator, capacity=capacity),
+            source or CountingSource(),
+            clock=self.clock,
+            link_bytes_per_s=LINK_BYTES_PER_S if kv_link else None,
         )
         core = WorkerCore(
-            Identity(wid, "H800", 0), engine, self.clock, self._claim, self._release, version
+            Identity(wid, accelerator, 0), engine, self.clock, self._claim, self._release, version
         )
         self.cores[wid] = core
         return core
@@ -126,8 +132,12 @@ def fresh(
     return PlaceRequest(id=rid, attempt=attempt, version=version, fresh=start)
 
 
-def moved(rid: str, source: Source, *, attempt: int, version: int = 0) -> PlaceRequest:
-    return PlaceRequest(id=rid, attempt=attempt, version=version, source=source)
+def moved(
+    rid: str, source: Source, *, attempt: int, version: int = 0, migration: Migration = "auto"
+) -> PlaceRequest:
+    return PlaceRequest(
+        id=rid, attempt=attempt, version=version, source=source, migration=migration
+    )
 
 
 # --- worker processes ------------------------------------------------------------------
