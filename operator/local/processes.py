@@ -160,6 +160,9 @@ class Children:
         return self.urls[name]
 
     def _spawn(self, name: str) -> None:
+        old = self.processes.get(name)
+        if old is not None and old.poll() is not None:
+            self._kill(old)  # whatever the exited one left running in its session
         out: IO[bytes] | int = subprocess.DEVNULL
         if self.logs is not None:
             self.logs.mkdir(parents=True, exist_ok=True)
@@ -204,13 +207,27 @@ class Children:
     def send(self, name: str, sig: signal.Signals) -> None:
         """Send `sig` and return: SIGKILL, as a lost node (nothing is drained or handed
         back); SIGTERM, as a node drain or scale-in (a worker drains and exits)."""
+        if sig == signal.SIGKILL:
+            self._kill(self.processes[name])
+            return
         with contextlib.suppress(ProcessLookupError):
             self.processes[name].send_signal(sig)
 
     def kill(self, name: str) -> None:
         """SIGKILL, as a lost node: nothing is drained or handed back."""
-        self.processes[name].kill()
+        self._kill(self.processes[name])
         self.processes[name].wait()
+
+    def _kill(self, process: subprocess.Popen[bytes]) -> None:
+        """SIGKILL `process` and, in its own session, everything it started: a vLLM
+        worker's engine processes outlive a SIGKILL of the worker alone (2.7 GB each;
+        a chaos run on vLLM once filled this machine's memory with them), as they would
+        not outlive the loss of its node."""
+        with contextlib.suppress(ProcessLookupError):
+            process.kill()
+        if self.new_session:  # its session's group bears its pid
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(process.pid, signal.SIGKILL)
 
     def stop(self) -> None:
         for p in self.processes.values():
@@ -221,7 +238,7 @@ class Children:
             try:
                 p.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                p.kill()
+                self._kill(p)
                 p.wait()
 
 

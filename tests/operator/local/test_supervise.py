@@ -9,6 +9,7 @@ The processes are real (`sleep`), so exits and signals are the operating system'
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import subprocess
 from collections.abc import Mapping
@@ -19,7 +20,7 @@ import pytest
 from cadence.operator.local import supervise
 from cadence.operator.local.processes import Children
 from cadence.operator.local.supervise import PoolWorker, Supervisor
-from tests.helpers import eventually_async
+from tests.helpers import eventually, eventually_async
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -158,3 +159,29 @@ def test_a_host_that_exits_is_replaced_and_its_new_workers_join_the_loop() -> No
         "replaced by a910x-0-r1, h800-0-r1",
     ]
     assert [t.name for t in sup.live()] == ["host-0-r1"]
+
+
+def test_a_sigkill_takes_everything_the_process_started_as_a_lost_node_would() -> None:
+    """A vLLM worker's engine processes are its children: a SIGKILL of the worker alone
+    left them running (2.7 GB each), and a chaos run filled the machine's memory."""
+    children = Children(None, env={}, grace_s=1.0)
+    node = subprocess.Popen(["sh", "-c", "sleep 600 & wait"], start_new_session=True)
+    children.processes["worker"] = node
+
+    def group_alive() -> bool:
+        try:
+            os.killpg(node.pid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+
+    eventually(lambda: len(_members(node.pid)) == 2, timeout_s=30, what="sh and its sleep")
+    children.send("worker", signal.SIGKILL)
+    node.wait()
+    eventually(lambda: not group_alive(), timeout_s=30, what="the sleep it started gone")
+
+
+def _members(group: int) -> list[int]:
+    pgrep = ["pgrep", "-g", str(group)]
+    out = subprocess.run(pgrep, capture_output=True, text=True, check=False).stdout
+    return [int(pid) for pid in out.split()]
