@@ -24,6 +24,13 @@ from .factories import CADENCE, free_port, wait_healthy
         (["--model", "GPT-9"], {"CADENCE_TOKEN": "t"}, "unknown model 'GPT-9'"),
         (["--token-file", "/nonexistent/token"], {}, "cannot read token file"),
         (["--env-timeout-s", "0"], {"CADENCE_TOKEN": "t"}, "--env-timeout-s must be positive"),
+        (
+            ["--port", "8000", "--kv-transfer-port", "8000"],
+            {"CADENCE_TOKEN": "t"},
+            "--kv-transfer-port 8000 is the API's --port too",
+        ),
+        (["--kv-transfer-port", "70000"], {"CADENCE_TOKEN": "t"}, "is not a TCP port"),
+        (["--kv-pull-timeout-s", "nan"], {"CADENCE_TOKEN": "t"}, "must be positive"),
     ],
 )
 def test_bad_settings_exit_2_in_one_sentence(
