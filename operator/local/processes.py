@@ -218,13 +218,6 @@ class Children:
         self._kill(self.processes[name])
         self.processes[name].wait()
 
-    def reap(self, name: str) -> None:
-        """`name` has exited: kill what it left running in its session (a vLLM worker that
-        died of a signal before it could stop its engine leaves the engine's processes)."""
-        process = self.processes[name]
-        if process.poll() is not None:
-            self._kill(process)
-
     def _kill(self, process: subprocess.Popen[bytes]) -> None:
         """SIGKILL `process` and, in its own session, everything it started: a vLLM
         worker's engine processes outlive a SIGKILL of the worker alone (2.7 GB each;
@@ -242,10 +235,11 @@ class Children:
                 p.terminate()
         deadline = time.monotonic() + self.grace_s
         for p in self.processes.values():
-            with contextlib.suppress(subprocess.TimeoutExpired):
+            try:
                 p.wait(timeout=max(0.1, deadline - time.monotonic()))
-            self._kill(p)  # it, if it outlived its grace, and what it left behind
-            p.wait()
+            except subprocess.TimeoutExpired:
+                self._kill(p)
+                p.wait()
 
 
 @contextlib.asynccontextmanager

@@ -192,7 +192,6 @@ class Supervisor:
 
     def _exited(self, name: str, state: State, now: float) -> None:
         code = self.children.processes[name].returncode
-        self.children.reap(name)
         slot = self._slot[name]
         del self.state[name]
         if state == "starting":  # it never served: back off, and give up in the end

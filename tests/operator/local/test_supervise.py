@@ -185,16 +185,3 @@ def _members(group: int) -> list[int]:
     pgrep = ["pgrep", "-g", str(group)]
     out = subprocess.run(pgrep, capture_output=True, text=True, check=False).stdout
     return [int(pid) for pid in out.split()]
-
-
-def test_what_an_exited_process_left_in_its_session_is_reaped() -> None:
-    """A vLLM worker killed by a signal before it stopped its engine (a SIGTERM while it
-    starts) leaves the engine's processes; its replacement has another name, so they
-    are reaped when its exit is noticed, not when its name is started again."""
-    children = Children(None, env={}, grace_s=1.0)
-    node = subprocess.Popen(["sh", "-c", "sleep 600 & exit 0"], start_new_session=True)
-    children.processes["worker"] = node
-    node.wait()
-    eventually(lambda: len(_members(node.pid)) == 1, timeout_s=30, what="the sleep it left")
-    children.reap("worker")
-    eventually(lambda: _members(node.pid) == [], timeout_s=30, what="the sleep reaped")
