@@ -143,17 +143,8 @@ def test_concentration_under_kv_keeps_a_departure_in_its_group(
 ) -> None:
     snapshot, targets = _concentration_targets(migration)
     p = parked("p", 400, "src")
-    hosts = [w.view for w in targets]
-    out: list[Action] = []
-    concentrate(
-        None,
-        targets,
-        [([p], [p.context])],
-        min_decode=1,
-        out=out,
-        moves=MoveRule(snapshot, hosts),
-    )
-    assert placements(out) == {"p": target}
+    rule = MoveRule(snapshot, [w.view for w in targets])
+    assert _concentrated(targets, p, rule) == {"p": target}
 
 
 def test_concentration_prefers_the_pull_between_equal_targets() -> None:
@@ -167,16 +158,16 @@ def test_concentration_prefers_the_pull_between_equal_targets() -> None:
     p = parked("p", 400, "src")
     for rule, expected in ((MoveRule(snapshot, views), "b-same"), (None, "a-other")):
         targets = [WorkingWorker(v, knobs) for v in views]
-        out: list[Action] = []
-        concentrate(
-            None,
-            targets,
-            [([p], [p.context])],
-            min_decode=1,
-            out=out,
-            moves=rule,
-        )
-        assert placements(out) == {"p": expected}
+        assert _concentrated(targets, p, rule) == {"p": expected}
+
+
+def _concentrated(
+    targets: list[WorkingWorker], p: PendingTrajectory, rule: MoveRule | None
+) -> dict[str, str]:
+    """Where concentration places `p` (its only candidate) among `targets`."""
+    out: list[Action] = []
+    concentrate(None, targets, [([p], [p.context])], min_decode=1, out=out, moves=rule)
+    return placements(out)
 
 
 def test_a_pull_is_worth_a_lift_that_a_reprefill_is_not() -> None:
