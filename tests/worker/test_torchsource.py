@@ -73,3 +73,18 @@ def test_logprobs_are_those_a_full_forward_pass_gives(tiny_model: Path) -> None:
         zip(request.output.token_ids, request.output.logprobs, strict=True)
     ):
         assert logprob == pytest.approx(float(expected[len(prompt) - 1 + i, token]), abs=1e-4)
+
+
+def test_a_batch_decodes_what_each_request_would_decode_alone(tiny_model: Path) -> None:
+    """Residents of different lengths decoded together (one padded forward pass) sample
+    exactly the tokens each samples alone, so batching changes no trajectory."""
+    together, alone = TorchTokenSource(tiny_model), TorchTokenSource(tiny_model)
+    prompts = [[5, 17, 99], [3, 250, 8, 40, 41, 42, 43], [7] * 20, [9, 9]]
+    batch = [EngineRequest(f"r{i}", p, 30, Sampling(seed=i)) for i, p in enumerate(prompts)]
+    single = [EngineRequest(f"r{i}", p, 30, Sampling(seed=i)) for i, p in enumerate(prompts)]
+    for _ in range(30):
+        for r, s in zip(batch, together.next_tokens(batch), strict=True):
+            r.output.token_ids.append(s.token)
+        for r in single:
+            r.output.token_ids.append(alone.next_tokens([r])[0].token)
+    assert [r.output.token_ids for r in batch] == [r.output.token_ids for r in single]
