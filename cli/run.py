@@ -82,6 +82,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     for name in policies:
         if name is not None and name not in POLICIES:
             raise UsageError(f"unknown policy {name!r}; known: {', '.join(POLICIES)}")
+    if args.compression is None:
+        args.compression = pool.spec.emulated_speed
     if not (math.isfinite(args.compression) and args.compression > 0):
         raise UsageError(f"--compression must be a positive number, not {args.compression}")
     if args.chaos is not None and not (math.isfinite(args.chaos) and args.chaos > 0):
@@ -181,7 +183,13 @@ def add_run(sub: Commands) -> None:
         "(auto: pull its KV where the two workers' layouts match, else re-prefill)",
     )
     rn.add_argument("--hosts", type=at_least(1), default=2, help="worker host processes")
-    rn.add_argument("--compression", type=float, default=1.0, help="time compression factor")
+    rn.add_argument(
+        "--compression",
+        type=float,
+        default=None,
+        help="emulated accelerators' speed against the real ones (default: the pool's "
+        "emulatedSpeed)",
+    )
     rn.add_argument(
         "--engine",
         choices=["emulated", "vllm"],

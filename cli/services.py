@@ -79,14 +79,29 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     return 0
 
 
+HOSTED = re.compile(r"([a-z0-9-]+):([^:]+):(\d+)(?::(\d+):(\d*\.?\d+))?")
+
+
 def _hosted(base: Any, spec: str) -> Any:
-    """WorkerOptions for one `--hosted ID:ACCELERATOR:AFFINITY` worker."""
-    parts = spec.split(":")
-    if len(parts) != 3 or not parts[2].isdigit() or not re.fullmatch(r"[a-z0-9-]+", parts[0]):
-        raise UsageError(f"--hosted {spec!r} is not ID:ACCELERATOR:AFFINITY (id: a-z, 0-9, -)")
-    weights = None if base.weights_dir is None else base.weights_dir / parts[0]
+    """WorkerOptions for one `--hosted ID:ACCELERATOR:AFFINITY[:TP:MEMORY_SHARE]` worker
+    (the last two pin its tensor-parallel degree and memory share, as its group plans)."""
+    m = HOSTED.fullmatch(spec)
+    if m is None:
+        raise UsageError(
+            f"--hosted {spec!r} is not ID:ACCELERATOR:AFFINITY[:TP:MEMORY_SHARE] (id: a-z, 0-9, -)"
+        )
+    wid, accelerator, affinity, tp, share = m.groups()
+    weights = None if base.weights_dir is None else base.weights_dir / wid
+    pinned = {}
+    if tp is not None:
+        pinned = {"tensor_parallel": int(tp), "memory_utilization": float(share)}
     return dataclasses.replace(
-        base, worker_id=parts[0], accelerator=parts[1], affinity=int(parts[2]), weights_dir=weights
+        base,
+        worker_id=wid,
+        accelerator=accelerator,
+        affinity=int(affinity),
+        weights_dir=weights,
+        **pinned,
     )
 
 

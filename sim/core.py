@@ -333,7 +333,8 @@ class Simulation:
         if not w.engine.idle or (w.version is not None and a.version <= w.version):
             raise AssertionError(f"invalid advance of {w.id} to {a.version}")
         w.version = a.version
-        load = self.model.weight_bytes / (self.scenario.physics.intra_cluster_gb_s * 1e9)
+        phys = self.scenario.physics
+        load = self.model.weight_bytes / ((phys.weights_load_gb_s or phys.intra_cluster_gb_s) * 1e9)
         w.engine.time = max(w.engine.time, self.now) + load
 
     def _evict(self, a: Evict) -> None:

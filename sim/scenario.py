@@ -152,9 +152,15 @@ class Group(_Strict):
     affinity: int = Field(default=0, ge=-1_000, le=1_000)
     price_per_hour: float | None = Field(default=None, ge=0, le=1e6)
     custom: CustomAccelerator | None = None
+    # A worker's tensor-parallel degree and KV tokens as a deployment pinned them (what
+    # `cadence run` and the operator start workers with); unset: sized as above.
+    tensor_parallel: int | None = Field(default=None, ge=1, le=64)
+    kv_tokens: int | None = Field(default=None, ge=1, le=MAX_TOKENS * 64)
 
     @model_validator(mode="after")
     def _known(self) -> Self:
+        if (self.tensor_parallel is None) != (self.kv_tokens is None):
+            raise ValueError("give tensor_parallel and kv_tokens together, or neither")
         if self.custom is None and self.accelerator not in ACCELERATORS:
             known = ", ".join(sorted(ACCELERATORS))
             raise ValueError(
@@ -206,6 +212,9 @@ class Physics(_Strict):
     # tensor-parallel degree) can pull each other's KV over the intra-cluster link, and
     # `scheduling.migration` chooses whether a move does. False: every move re-prefills.
     kv_transfer: bool = True
+    # How fast a worker loads a new version's weights when it advances; unset: over the
+    # intra-cluster link.
+    weights_load_gb_s: float | None = Field(default=None, ge=1e-3, le=1e9)
 
     def efficiency(self) -> Efficiency:
         return Efficiency(
@@ -253,20 +262,26 @@ class MixtureLengthsSpec(_Strict):
 
 class _Recorded(_Strict):
     """Numbers a team recorded: `path` holds one a line, or JSON lines with the number
-    under `field`; read once, when the scenario is validated."""
+    under `field`, read once when the scenario is validated; or `values`, inline."""
 
-    path: Path
+    path: Path | None = None
     field: str | None = None
+    values: list[Annotated[float, Field(gt=0)]] = Field(default=[], max_length=1_000_000)
     _values: tuple[float, ...] = PrivateAttr(default=())
 
     @field_validator("path")
     @classmethod
-    def _relative_to_scenario(cls, path: Path, info: ValidationInfo) -> Path:
-        return _resolve(path, info)
+    def _relative_to_scenario(cls, path: Path | None, info: ValidationInfo) -> Path | None:
+        return None if path is None else _resolve(path, info)
 
     @model_validator(mode="after")
     def _read(self) -> Self:
-        self._values = tuple(read_numbers(self.path, self.field))
+        if (self.path is None) == (not self.values):
+            raise ValueError("give either path (a file of numbers) or values, not both")
+        if self.path is not None:
+            self._values = tuple(read_numbers(self.path, self.field))
+        else:
+            self._values = tuple(self.values)
         return self
 
 
@@ -478,6 +493,20 @@ class Scenario(_Strict):
             )
 
         need = self.min_kv_tokens()
+        if group.kv_tokens is not None and group.tensor_parallel is not None:
+            tp = group.tensor_parallel
+            if group.kv_tokens < need:
+                raise ValueError(
+                    f"group {group.name}: {group.kv_tokens:,} tokens of KV per worker are "
+                    f"fewer than the {need:,} no stranding needs"
+                )
+            if group.devices < tp:
+                raise ValueError(
+                    f"group {group.name}: {group.devices} x {acc.name} make no worker of "
+                    f"tensor-parallel {tp}"
+                )
+            pinned = Deployment(model, acc, tp, group.kv_tokens, phys.efficiency())
+            return GroupDeployment(group.name, group.devices, group.devices // tp, pinned, tp)
         try:
             d = sized(need)
         except ValueError:

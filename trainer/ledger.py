@@ -486,6 +486,11 @@ def sample_id(group: int, index: int) -> str:
     return f"g{group}-s{index}"
 
 
+def sample_index(sid: str) -> int:
+    """A sample's place in its group, from its id (`sample_id`'s inverse)."""
+    return int(sid.rsplit("-s", 1)[1])
+
+
 def _sample(row: Sequence[object]) -> Sample:
     sid, grp, batch, attempt, state, worker, version, reward, failed = row
     return Sample(

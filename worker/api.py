@@ -47,11 +47,14 @@ class _Body(BaseModel):
 
 
 class Sampling(_Body):
-    """Sampling parameters for one trajectory; `seed` makes a sampled run repeatable."""
+    """Sampling parameters for one trajectory; `seed` makes a sampled run repeatable.
+    `ignore_eos` decodes to `max_tokens` whatever the model samples (vLLM's flag): a
+    run whose workload draws each sample's length gives it as that sample's budget."""
 
     temperature: float = Field(default=1.0, ge=0.0, allow_inf_nan=False)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     seed: int | None = Field(default=None, ge=0, le=2**63 - 1)
+    ignore_eos: bool = False
 
     _floor = field_validator("temperature")(greedy_or_above_the_floor)
 

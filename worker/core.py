@@ -421,9 +421,8 @@ class WorkerCore:
         budget = held.max_tokens - held.generated
         if budget < 1:
             raise Refused(409, "finished", f"{held.id} has no tokens left to generate")
-        request = EngineRequest(
-            held.id, held.context_ids, budget, held.sampling, eos_token_id=self.eos_token_id
-        )
+        eos = None if held.sampling.ignore_eos else self.eos_token_id
+        request = EngineRequest(held.id, held.context_ids, budget, held.sampling, eos_token_id=eos)
         if pull is not None:
             offer, url = pull
             params = dict(offer.params)

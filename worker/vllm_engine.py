@@ -222,6 +222,7 @@ class VllmEngine:
             temperature=s.temperature,
             top_p=s.top_p,
             seed=s.seed,
+            ignore_eos=s.ignore_eos,
             # vLLM refuses a request whose budget runs past the model length; the
             # trajectory ends there anyway ("length"), as vLLM would end it.
             max_tokens=min(request.max_new_tokens, self.max_model_len - request.context),

@@ -24,8 +24,10 @@ if TYPE_CHECKING:  # resources calls into this module
     from cadence.operator.api.resources import PoolGroup, RolloutPool, TrainingRun
 
 
-def sim_group(group: PoolGroup, devices: int = 1) -> Group:
-    """A pool's group as the simulator's catalog knows it (its own figures if custom)."""
+def sim_group(group: PoolGroup, devices: int = 1, plan: tuple[int, int] | None = None) -> Group:
+    """A pool's group as the simulator's catalog knows it (its own figures if custom);
+    with `plan` (`group_plans`' tensor-parallel degree and KV tokens), its workers pinned
+    to what the operator and `cadence run` start them with."""
     custom = None
     if group.custom is not None:
         custom = CustomAccelerator(**group.custom.model_dump())
@@ -36,6 +38,8 @@ def sim_group(group: PoolGroup, devices: int = 1) -> Group:
         affinity=group.affinity,
         price_per_hour=group.price_per_hour,
         custom=custom,
+        tensor_parallel=None if plan is None else plan[0],
+        kv_tokens=None if plan is None else plan[1],
     )
 
 

@@ -34,7 +34,14 @@ from pydantic.config import JsonDict
 
 from cadence.common.catalog import ACCELERATORS, MODELS
 from cadence.operator.scheduler.registry import POLICIES
-from cadence.sim.scenario import AutoOrTokens
+from cadence.sim.scenario import (
+    AutoOrTokens,
+    EmpiricalLengthsSpec,
+    LengthLawSpec,
+    LognormalLengths,
+    MixtureComponent,
+    MixtureLengthsSpec,
+)
 from cadence.worker.api import greedy_or_above_the_floor
 
 
@@ -62,6 +69,7 @@ POOL_NAME_MAX = 63 - len("-workers")
 POOL_AND_GROUP_MAX = 63 - len("--99999")
 RUN_NAME_MAX = 52 - len("-trainer")
 MAX_REPLICAS = 99_999
+MAX_LENGTH = 1_048_576  # tokens: no response is longer
 
 
 class ResourceError(ValueError):
@@ -367,6 +375,11 @@ class RolloutPoolSpec(_Spec):
     token_secret: str = Field(default="cadence-token", pattern=DNS_LABEL)
     """The Secret whose key `token` holds the bearer token the workers, the trainer and
     the operator share; the operator makes it with a random token if it is missing."""
+    emulated_speed: float = Field(default=1.0, gt=0, le=1)
+    """Groups on the emulated engine: how fast their modelled accelerators run, against
+    the real ones (0.1: ten times slower, every step and prefill alike), so that a host
+    without the accelerators can produce the tokens of a pool at its modelled pace.
+    `cadence run --compression` overrides it."""
     tls_secret: str | None = Field(default=None, pattern=DNS_LABEL)
     """A kubernetes.io/tls Secret (tls.crt, tls.key, ca.crt, as cert-manager makes one)
     whose certificate the pool's workers, trainers and environments serve HTTPS with, and
@@ -602,6 +615,91 @@ class SchedulerSpec(_Spec):
         return self
 
 
+class LengthComponent(_Spec):
+    """One lognormal component of a mixture law, with its share of the samples."""
+
+    weight: float = Field(gt=0, le=1e6)
+    """Its share of the samples, relative to the other components' weights."""
+    median_tokens: float = Field(gt=0, le=MAX_LENGTH)
+    """Its median response length, in tokens."""
+    sigma_between_groups: float = Field(default=0.5, ge=0, le=5)
+    """The spread of a group's log-median (a hard prompt makes every sample long)."""
+    sigma_within_group: float = Field(default=0.5, ge=0, le=5)
+    """The spread of one sample's log-length around its group's."""
+
+
+class ResponseLengths(_Spec):
+    """How long each sample's response is, drawn from a law: the simulator's laws, so one
+    file describes the same workload to `cadence run` and `cadence sim`. Each sample's
+    drawn length (capped at `maxTokens`) becomes its token budget, and the workers decode
+    to it whatever the model samples (vLLM's ignore_eos), so a real run is as long-tailed
+    as the law; the reward still scores what the model wrote."""
+
+    law: Literal["lognormal", "mixture", "empirical"]
+    """lognormal (medianTokens and the two sigmas), mixture (components) or empirical
+    (recorded lengths replayed, with groupCorrelation)."""
+    median_tokens: float | None = Field(default=None, gt=0, le=MAX_LENGTH)
+    """lognormal: the median response length, in tokens."""
+    sigma_between_groups: float = Field(default=0.75, ge=0, le=5)
+    """lognormal: the spread of a group's log-median."""
+    sigma_within_group: float = Field(default=0.6, ge=0, le=5)
+    """lognormal: the spread of one sample's log-length around its group's."""
+    components: list[LengthComponent] = Field(default=[], max_length=64)
+    """mixture: its lognormal components."""
+    lengths: list[Annotated[int, Field(ge=1, le=MAX_LENGTH)]] = Field(
+        default=[], max_length=100_000
+    )
+    """empirical: recorded response lengths, in tokens."""
+    group_correlation: float = Field(default=0.6, ge=0, le=1)
+    """empirical: how alike the lengths of one group's samples are (0: independent)."""
+    seed: int = Field(default=0, ge=0, le=2**63 - 1)
+    """The draw's seed: the same seed draws the same lengths for every group."""
+
+    def spec(self) -> LengthLawSpec:
+        """The same law as the simulator's scenario spells it."""
+        if self.law == "lognormal":
+            assert self.median_tokens is not None
+            return LognormalLengths(
+                law="lognormal",
+                median_tokens=self.median_tokens,
+                sigma_between_groups=self.sigma_between_groups,
+                sigma_within_group=self.sigma_within_group,
+            )
+        if self.law == "mixture":
+            return MixtureLengthsSpec(
+                law="mixture",
+                components=[
+                    MixtureComponent(
+                        weight=c.weight,
+                        median_tokens=c.median_tokens,
+                        sigma_between_groups=c.sigma_between_groups,
+                        sigma_within_group=c.sigma_within_group,
+                    )
+                    for c in self.components
+                ],
+            )
+        return EmpiricalLengthsSpec(
+            law="empirical",
+            values=[float(n) for n in self.lengths],
+            group_correlation=self.group_correlation,
+        )
+
+    @model_validator(mode="after")
+    def _one_law(self) -> Self:
+        need = {"lognormal": "medianTokens", "mixture": "components", "empirical": "lengths"}
+        given = {
+            "lognormal": self.median_tokens is not None,
+            "mixture": bool(self.components),
+            "empirical": bool(self.lengths),
+        }
+        if not given[self.law]:
+            raise ValueError(f"the {self.law} law needs {need[self.law]}")
+        others = [need[law] for law, g in given.items() if g and law != self.law]
+        if others:
+            raise ValueError(f"the {self.law} law takes no {', '.join(others)}")
+        return self
+
+
 class BatchSpec(_Spec):
     """The shape of a training batch and how its samples are drawn (the trainer's)."""
 
@@ -611,6 +709,9 @@ class BatchSpec(_Spec):
     """Samples drawn per prompt: the group whose rewards GRPO's advantages compare."""
     max_tokens: int = Field(default=12, ge=1)
     """The most tokens a sample's response may have."""
+    response_lengths: ResponseLengths | None = None
+    """Each sample's response length drawn from a law (capped at maxTokens) and decoded
+    to whatever the model samples; unset: the model decides, up to maxTokens."""
     iterations: int = Field(default=12, ge=1)
     """Batches to train, each publishing the next policy version; the run succeeds after
     the last."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from cadence.operator.api.resources import SIZING_DELTA, SIZING_H_MIN, TrainingRun
+from cadence.operator.control.budgets import Budgets
 from cadence.operator.scheduler.snapshot import Knobs
 from cadence.trainer.config import TrainerConfig
 
@@ -24,6 +25,15 @@ def knobs_of(run: TrainingRun) -> Knobs:
         control_period_s=s.control_period_s,
         migration=s.migration,
     )
+
+
+def budgets_of(run: TrainingRun) -> Budgets | None:
+    """Each sample's length under the run's length law; None where the model decides."""
+    b = run.spec.batch
+    if b.response_lengths is None:
+        return None
+    law = b.response_lengths.spec().build()
+    return Budgets(law, b.samples_per_prompt, b.max_tokens, b.response_lengths.seed)
 
 
 def trainer_config(run: TrainingRun, model_path: Path, state_dir: Path) -> TrainerConfig:

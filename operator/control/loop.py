@@ -33,6 +33,7 @@ import httpx
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from cadence.operator.control.budgets import Budgets
 from cadence.operator.scheduler.actions import Action, Admit, Advance, Evict, EvictReason, Place
 from cadence.operator.scheduler.cost import StepCost, floor_warning
 from cadence.operator.scheduler.policy import Policy
@@ -48,6 +49,7 @@ from cadence.operator.scheduler.snapshot import (
 )
 from cadence.trainer.api import LedgerView, Record, VersionInfo
 from cadence.trainer.client import TrainerClient, TrainerError
+from cadence.trainer.ledger import sample_index
 from cadence.worker.api import (
     AdvanceRequest,
     FreshStart,
@@ -78,6 +80,9 @@ class LoopConfig:
     action_timeout_s: float = 15.0
     lost_after_s: float = 10.0
     max_tool_calls: int = 0
+    # Each fresh sample's length under the run's length law; None: the model decides,
+    # up to the ledger's max_tokens.
+    budgets: Budgets | None = None
 
 
 @dataclass
@@ -538,10 +543,17 @@ class ControlLoop:
         for a in places:
             f = fresh.get(a.trajectory)
             if f is not None:
+                budgets = self.config.budgets
                 start = FreshStart(
                     prompt_token_ids=view.prompts[f.group],
-                    sampling=Sampling(temperature=view.temperature, seed=_seed(f.id, f.attempt)),
-                    max_tokens=view.max_tokens,
+                    sampling=Sampling(
+                        temperature=view.temperature,
+                        seed=_seed(f.id, f.attempt),
+                        ignore_eos=budgets is not None,
+                    ),
+                    max_tokens=view.max_tokens
+                    if budgets is None
+                    else budgets.of(f.group, sample_index(f.id)),
                     max_tool_calls=self.config.max_tool_calls,
                 )
                 req = PlaceRequest(id=f.id, attempt=f.attempt, version=a.version, fresh=start)

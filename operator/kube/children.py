@@ -363,6 +363,8 @@ def worker_pod(
     # the longest trajectory), so the worker holds the KV the operator planned with.
     tp, _ = group_plans(pool, run).get(g.group, (g.engine.tensor_parallel or 1, 0))
     args += ["--tensor-parallel", str(tp)]
+    if g.engine.backend == "emulated":
+        args += ["--compression", str(pool.spec.emulated_speed)]
     turns = run.spec.multi_turn
     url = environment_url(run, pool)
     if url is not None:

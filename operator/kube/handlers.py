@@ -47,7 +47,7 @@ from cadence.operator.api.resources import (
     TrainingRun,
     check_pair,
 )
-from cadence.operator.api.settings import knobs_of
+from cadence.operator.api.settings import budgets_of, knobs_of
 from cadence.operator.control.loop import ControlLoop, LoopConfig
 from cadence.operator.kube import children
 from cadence.operator.kube.client import KubeApi, path
@@ -532,6 +532,7 @@ class Reconciler:
                 knobs=knobs_of(run),
                 period_s=s.control_period_s,
                 max_tool_calls=run.spec.multi_turn.max_tool_calls,
+                budgets=budgets_of(run),
             ),
             client,
             {},

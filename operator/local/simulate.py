@@ -12,17 +12,16 @@ simulated run and an emulated one model the same hardware at the same pace.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
-from cadence.common.catalog import ACCELERATORS, MODELS
 from cadence.common.physics import (
     BANDWIDTH_EFFICIENCY,
     DECODE_MFU,
     PREFILL_MFU,
     STEP_OVERHEAD_S,
-    deploy,
 )
-from cadence.operator.api.capacity import sim_group
-from cadence.operator.api.resources import RolloutPool, TrainingRun
+from cadence.operator.api.capacity import group_plans, sim_group
+from cadence.operator.api.resources import BatchSpec, RolloutPool, TrainingRun
 from cadence.operator.api.settings import knobs_of
 from cadence.sim.scenario import (
     Physics,
@@ -31,6 +30,7 @@ from cadence.sim.scenario import (
     Trainer,
     Workload,
 )
+from cadence.worker.emulated import LINK_BYTES_PER_S
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,21 +46,21 @@ class SimWorkload:
 
 def scenario_of(pool: RolloutPool, run: TrainingRun, w: SimWorkload = SimWorkload()) -> Scenario:
     spec, batch, s = run.spec, run.spec.batch, run.spec.scheduler
-    model = MODELS[spec.model.catalog]
     max_len = w.prompt_tokens + batch.max_tokens
     knobs = knobs_of(run)
     need = max_len + knobs.h_min + knobs.delta  # as the operator sizes its workers
+    plans = group_plans(pool, run)
     groups = []
     for g in pool.spec.groups:
-        tp = g.engine.tensor_parallel
-        if tp is None and g.custom is None:
-            tp = deploy(model, ACCELERATORS[g.accelerator], need).tp
-        groups.append(sim_group(g, devices=max(1, g.replicas * (tp or 1))))
+        tp = plans[g.name][0]
+        groups.append(sim_group(g, devices=max(1, g.replicas * tp), plan=plans[g.name]))
     c = w.compression
     if not 0 < c <= 1:
         raise ValueError("the simulator models a compression between 0 and 1 (slower hardware)")
+    lengths = batch.response_lengths
     return Scenario(
         name=run.metadata.name,
+        seed=lengths.seed if lengths is not None else 0,
         model=spec.model.catalog,
         max_model_len=max_len,
         groups=groups,
@@ -69,7 +69,11 @@ def scenario_of(pool: RolloutPool, run: TrainingRun, w: SimWorkload = SimWorkloa
             prefill_mfu=PREFILL_MFU.value * c,
             decode_mfu=DECODE_MFU.value * c,
             step_overhead_s=STEP_OVERHEAD_S.value / c,
-            kv_transfer=False,  # workers here re-prefill a moved trajectory
+            # Emulated workers of one accelerator type pull a moved trajectory's KV over
+            # the modelled cluster link, slowed as their steps are; others re-prefill.
+            kv_transfer=True,
+            intra_cluster_gb_s=LINK_BYTES_PER_S / 1e9 * c,
+            weights_load_gb_s=w.weights_link_gb_s,
             min_kv_tokens=need,
         ),
         workload=Workload(
@@ -77,9 +81,7 @@ def scenario_of(pool: RolloutPool, run: TrainingRun, w: SimWorkload = SimWorkloa
             samples_per_prompt=batch.samples_per_prompt,
             iterations=batch.iterations,
             prompt_tokens=w.prompt_tokens,
-            median_response_tokens=w.response_tokens or batch.max_tokens,
-            sigma_between_groups=0.0,
-            sigma_within_group=0.0,
+            **_lengths(batch, w),
         ),
         trainer=Trainer(update_seconds=w.update_seconds, weights_link_gb_s=w.weights_link_gb_s),
         scheduling=Scheduling(
@@ -92,3 +94,15 @@ def scenario_of(pool: RolloutPool, run: TrainingRun, w: SimWorkload = SimWorkloa
             migration=s.migration,
         ),
     )
+
+
+def _lengths(batch: BatchSpec, w: SimWorkload) -> dict[str, Any]:
+    """The run's length law; without one, every response as long as the workload says
+    (the run's measured mean, else maxTokens)."""
+    if batch.response_lengths is not None:
+        return {"response_lengths": batch.response_lengths.spec()}
+    return {
+        "median_response_tokens": w.response_tokens or batch.max_tokens,
+        "sigma_between_groups": 0.0,
+        "sigma_within_group": 0.0,
+    }

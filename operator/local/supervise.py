@@ -49,6 +49,10 @@ class PoolWorker:
     accelerator: str
     affinity: int
     price_per_hour: float
+    # The group's plan (an emulated worker's degree and memory share); None: the worker's
+    # own defaults.
+    tensor_parallel: int | None = None
+    memory_utilization: float | None = None
 
 
 class Supervisor:
@@ -108,7 +112,7 @@ class Supervisor:
         await asyncio.gather(*(self.healthy(name, within_s=START_S) for name in names))
 
     def _start_host(self, name: str, workers: list[PoolWorker], slot: str) -> str:
-        hosted = [f"{w.id}:{w.accelerator}:{w.affinity}" for w in workers]
+        hosted = [_hosted(w) for w in workers]
         hosting = [a for h in hosted for a in ("--hosted", h)]
         args = ["worker", "--id", name, *hosting, "--weights-dir", str(self.weights)]
         url = self.children.start(name, [*args, *self.common])
@@ -266,3 +270,11 @@ class Supervisor:
 def _renamed(name: str, generation: int) -> str:
     """A replacement's name: `h800-0` -> `h800-0-r1`, `h800-0-r1` -> `h800-0-r2`."""
     return f"{re.sub(r'-r[0-9]+$', '', name)}-r{generation}"
+
+
+def _hosted(w: PoolWorker) -> str:
+    """`cadence worker --hosted`'s ID:ACCELERATOR:AFFINITY[:TP:MEMORY_SHARE]."""
+    spec = f"{w.id}:{w.accelerator}:{w.affinity}"
+    if w.tensor_parallel is not None and w.memory_utilization is not None:
+        spec += f":{w.tensor_parallel}:{w.memory_utilization}"
+    return spec
