@@ -17,6 +17,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "manifests" / "examples"
 TRAINING_RUN = EXAMPLES / "trainingrun.yaml"  # a pool of two groups and a run on it
+LONGTAIL = EXAMPLES / "longtail.yaml"  # the main job: long-tailed lengths, small KV
 HETEROGENEOUS = EXAMPLES / "heterogeneous.yaml"  # a pool of three accelerator types
 SCENARIO_DIR = ROOT / "sim" / "scenarios"
 TINY_SCENARIO = SCENARIO_DIR / "tiny-16A16B8H.yaml"

@@ -11,12 +11,23 @@ from __future__ import annotations
 
 import random
 import statistics
+from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Generic, NamedTuple, TypeVar
 
 from cadence.common.stats import percentile
 from cadence.operator.control.loop import ControlLoop, CycleReport
+from cadence.operator.local.mechanism import (
+    MAX_EVENTS,
+    Event,
+    Sample,
+    action_counts,
+    events_of,
+    roles,
+    tail_figures,
+)
 from cadence.operator.local.supervise import PoolWorker
 from cadence.trainer.api import RunStats
 from cadence.worker.api import MoveCounts
@@ -61,10 +72,17 @@ class RunLoop(ControlLoop):
     """The control loop of a run, keeping a sample of every cycle's timings."""
 
     sample: Reservoir[Timings] = field(default_factory=lambda: Reservoir(SAMPLE_CYCLES))
+    origin: float = 0.0  # the loop clock at the run's start
+    events: list[Event] = field(default_factory=list)  # the first MAX_EVENTS
+    event_counts: Counter[tuple[str, str]] = field(default_factory=Counter)  # (kind, detail)
 
     async def cycle(self) -> CycleReport:
         r = await super().cycle()
         self.sample.add(Timings(r.cycle_ms, r.ledger_ms, r.observe_ms, r.plan_ms, r.apply_ms))
+        if self.last_plan is not None:
+            events = events_of(*self.last_plan, at=self.clock() - self.origin)
+            self.event_counts.update((e.kind, e.detail) for e in events)
+            self.events.extend(events[: max(0, MAX_EVENTS - len(self.events))])
         return r
 
 
@@ -76,6 +94,7 @@ class LedgerFigures:
     ended: int  # delivered or consumed
     failed: int
     accepted_twice: int
+    max_lag: int | None = None  # the most versions a consumed sample trailed its batch
 
 
 def read_ledger(path: Path, group_size: int, batch_groups: int) -> LedgerFigures:
@@ -89,6 +108,7 @@ def read_ledger(path: Path, group_size: int, batch_groups: int) -> LedgerFigures
             ended=counts.get("delivered", 0) + counts.get("consumed", 0),
             failed=counts.get("failed", 0),
             accepted_twice=ledger.accepted_twice(),
+            max_lag=max(ledger.lag_counts(), default=0),
         )
     finally:
         ledger.close()
@@ -102,6 +122,7 @@ def measures(
     policy: str,
     *,
     ledger: LedgerFigures | None = None,
+    timeline: Sequence[Sample] = (),
 ) -> dict[str, object]:
     """The run's measures; the sample counts from `ledger` when given, else from `stats`
     (the trainer's own answer from the same ledger)."""
@@ -133,7 +154,12 @@ def measures(
         "samples_failed": ledger.failed,
         "requeued": totals["requeued"],
         "actions": {k: totals[k] for k in ("evict", "place", "advance", "admit")},
+        **action_counts(loop.event_counts),
         **_migrations(loop.moves),
+        **tail_figures(timeline),
+        "roles_s": roles(timeline),
+        "staleness_bound": loop.policy.staleness_bound(loop.config.knobs.eta),
+        "max_version_lag": ledger.max_lag,
         "deliveries_stale": stats.arrivals.get("stale", 0),
         "cycle_ms_p50": round(statistics.median(cycles), 2) if cycles else 0.0,
         "cycle_ms_p95": round(percentile(cycles, 0.95), 2),

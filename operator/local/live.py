@@ -1,6 +1,8 @@
 """The live view of `cadence run` (rich): a line for the run (version, batches trained,
-pending per version, throughput, P50/P95 so far, the newest reward) and a row per worker
-(version, residents, parked, KV headroom). It renders `run.Progress`; it reads nothing."""
+pending per version, throughput, P50/P95 so far, the newest reward), a line for what the
+scheduler did so far (evictions by reason, moves, advances) and a row per worker (its role,
+version, residents, resident context, parked, KV headroom). It renders `run.Progress`; it
+reads nothing."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from cadence.operator.local.mechanism import role
 from cadence.operator.local.run import Progress
 
 
@@ -35,29 +38,44 @@ def render(p: Progress) -> RenderableType:
             f"reward {reward}",
             style="",
         )
+    if p.actions:
+        evicted = ", ".join(
+            f"{n} {detail}" for (kind, detail), n in sorted(p.actions.items()) if kind == "evict"
+        )
+        head.append(
+            f"\nevicted {evicted or 'none'} · moved {p.actions.get(('place', 'move'), 0)} · "
+            f"advanced {sum(n for (kind, _), n in p.actions.items() if kind == 'advance')}",
+            style="",
+        )
     workers = Table(box=box.SIMPLE, pad_edge=False)
     for name, justify in (
         ("worker", "left"),
         ("accelerator", "left"),
         ("rank", "right"),
+        ("role", "left"),
         ("version", "right"),
         ("resident", "right"),
+        ("context", "right"),
         ("parked", "right"),
         ("headroom", "right"),
     ):
         workers.add_column(name, justify=justify)  # type: ignore[arg-type]
+    versions = [st.version for st in states.values() if st.version is not None]
+    newest = max(versions, default=None)
     for wid, st in sorted(states.items()):
         workers.add_row(
             wid,
             st.accelerator,
             str(st.affinity),
+            role(st, newest),
             "-" if st.version is None else str(st.version),
             str(len(st.residents)),
+            f"{sum(r.context for r in st.residents):,}",
             str(len(st.parked)),
             f"{st.headroom_tokens:,}",
         )
     for wid in sorted(p.lost - set(states)):
-        workers.add_row(wid, "", "", "", "", "", "lost", style="red")
+        workers.add_row(wid, "", "", "", "", "", "", "", "lost", style="red")
     parts: list[RenderableType] = [head, workers]
     parts.extend(Text(e, style="yellow") for e in p.events[-3:])
     return Group(*parts)

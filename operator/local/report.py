@@ -1,7 +1,9 @@
 """What `cadence run` leaves in its folder: `run.json` (the measures, one entry per policy
 when several ran), a terminal table, and `report.html` with PNG plots: throughput over
-time, mean resident context per accelerator type, the latency CDF and reward per version.
-With `--compare`, every plot holds one line per policy.
+time, mean resident context per accelerator type, the latency CDF and reward per version
+(with `--compare`, one line per policy in each), then for each policy the scheduler at
+work (`mechanism_plots`): per-worker context, batch and role, one long trajectory's
+moves, and the evictions, moves and advances on a timeline.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from matplotlib.figure import Figure
 from rich import box
 from rich.table import Table
 
+from cadence.operator.local import mechanism_plots
 from cadence.operator.local.run import RunResult
 
 ROWS = (
@@ -54,9 +57,42 @@ def table(results: list[RunResult]) -> Table:
             value = r.measures.get(key)
             cells.append("-" if value is None else fmt.format(value))
         out.add_row(label, *cells)
+    for label, cell in MECHANISM_ROWS:
+        out.add_row(label, *(cell(r.measures) for r in results))
     last = [_reward_line(r) for r in results]
     out.add_row("reward first -> last", *last)
     return out
+
+
+def _evictions(m: dict[str, object]) -> str:
+    by_reason = m.get("evictions_by_reason")
+    if not isinstance(by_reason, dict):
+        return "-"
+    return ", ".join(f"{n:,} {reason}" for reason, n in sorted(by_reason.items())) or "0"
+
+
+def _moves(m: dict[str, object]) -> str:
+    return f"{m.get('migrations_kv', 0):,} / {m.get('migrations_reprefill', 0):,}"
+
+
+def _tail(m: dict[str, object]) -> str:
+    share, kv = m.get("tail_top_affinity_share"), m.get("top_affinity_kv_share")
+    if not isinstance(kv, float):
+        return "-"
+    return f"{'-' if share is None else f'{share:.0%}'} ({kv:.0%} of KV)"
+
+
+def _staleness(m: dict[str, object]) -> str:
+    return f"{m.get('staleness_bound', '-')} / {m.get('max_version_lag', '-')}"
+
+
+# What the scheduler did, a cell per policy.
+MECHANISM_ROWS = (
+    ("evictions", _evictions),
+    ("moves KV pull / re-prefill", _moves),
+    ("tail on top affinity", _tail),
+    ("staleness bound / max lag", _staleness),
+)
 
 
 def _reward_line(r: RunResult) -> str:
@@ -85,6 +121,15 @@ def write(folder: Path, results: list[RunResult]) -> Path:
         "latency_cdf.png": _latency_cdf(results, folder / "latency_cdf.png"),
         "reward.png": _reward(results, folder / "reward.png"),
     }
+    for r in results:
+        suffix = "" if len(results) == 1 else f"-{_label(r)}"
+        title = _label(r)
+        name = f"workers{suffix}.png"
+        plots[name] = mechanism_plots.workers(r.timeline, folder / name, title)
+        name = f"trajectory{suffix}.png"
+        plots[name] = mechanism_plots.trajectory(r.timeline, r.events, folder / name, title)
+        name = f"events{suffix}.png"
+        plots[name] = mechanism_plots.timeline_of_events(r.timeline, r.events, folder / name, title)
     page = folder / "report.html"
     page.write_text(_html(results, [name for name, made in plots.items() if made]))
     return page
@@ -181,6 +226,9 @@ def _html(results: list[RunResult], images: list[str]) -> str:
             f"<td>{'-' if r.measures.get(key) is None else fmt.format(r.measures[key])}</td>"
             for r in results
         )
+        rows.append(f"<tr><th>{html.escape(label)}</th>{cells}</tr>")
+    for label, cell in MECHANISM_ROWS:
+        cells = "".join(f"<td>{html.escape(cell(r.measures))}</td>" for r in results)
         rows.append(f"<tr><th>{html.escape(label)}</th>{cells}</tr>")
     figures = "".join(f'<p><img src="{name}" alt="{name}"></p>' for name in images)
     return (

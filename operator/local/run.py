@@ -35,6 +35,7 @@ from cadence.operator.control.loop import LoopConfig
 from cadence.operator.local import figures
 from cadence.operator.local.chaos import DEFAULT_TARGETS, Chaos
 from cadence.operator.local.figures import RunLoop, read_ledger
+from cadence.operator.local.mechanism import Event, Sample
 from cadence.operator.local.processes import Children
 from cadence.operator.local.supervise import PoolWorker, Supervisor
 from cadence.operator.scheduler.registry import POLICIES
@@ -94,20 +95,13 @@ class RunOptions:
     migration: Migration | None = None  # None: the TrainingRun's
 
 
-@dataclass(frozen=True, slots=True)
-class Sample:
-    """One control cycle's view, for the live display and the report's timeline."""
-
-    at: float  # seconds since the run started
-    states: Mapping[str, WorkerState]
-
-
 @dataclass
 class RunResult:
     measures: dict[str, object]
     timeline: list[Sample] = field(default_factory=list)
     arrivals: list[tuple[float, int, float | None]] = field(default_factory=list)  # ledger
     started_at: float = 0.0  # wall clock
+    events: list[Event] = field(default_factory=list)  # the actions applied
 
 
 @dataclass
@@ -120,6 +114,7 @@ class Progress:
     stats: RunStats | None = None
     events: list[str] = field(default_factory=list)
     lost: frozenset[str] = frozenset()
+    actions: Mapping[tuple[str, str], int] = field(default_factory=dict)  # (kind, detail)
 
 
 async def run(
@@ -189,6 +184,7 @@ async def run(
             token,
             hosts=sup.hosted,
             on_observe=observed,
+            origin=started,
         )
         sup.loop = loop
         chaos = Chaos(
@@ -206,6 +202,7 @@ async def run(
             asked = time.monotonic()
             state.lost = loop.lost
             state.events = sup.events
+            state.actions = dict(loop.event_counts)
             if progress is not None:
                 progress(state)
             return state.stats.done
@@ -219,14 +216,16 @@ async def run(
             await loop.aclose()
             await client.aclose()
     ledger = read_ledger(config.state_dir / "ledger.db", config.group_size, config.batch_groups)
-    measures = figures.measures(final, loop, workers, wall, policy, ledger=ledger)
+    measures = figures.measures(
+        final, loop, workers, wall, policy, ledger=ledger, timeline=timeline
+    )
     measures["hosts_killed"] = chaos.counts["worker_sigkill"] + chaos.counts["worker_sigterm"]
     measures["workers_replaced"] = sup.replaced
     measures["trainer_restarts"] = sup.restarts["trainer"]
     measures["environment_restarts"] = sup.restarts["environment"]
     measures["chaos"] = dict(chaos.counts)
     measures["engine"] = options.engine
-    return RunResult(measures, timeline, _read_arrivals(config), wall_started)
+    return RunResult(measures, timeline, _read_arrivals(config), wall_started, loop.events)
 
 
 @contextlib.asynccontextmanager

@@ -7,7 +7,8 @@ import time
 from rich.console import Console
 
 from cadence.operator.local.live import render
-from cadence.operator.local.run import Progress, Sample
+from cadence.operator.local.mechanism import Sample
+from cadence.operator.local.run import Progress
 from cadence.trainer.api import RunStats
 from cadence.worker.api import ParkedInfo, ResidentInfo, WorkerState
 
@@ -53,6 +54,7 @@ def test_the_view_shows_each_worker_pending_per_version_and_the_run() -> None:
     )
     progress.lost = frozenset({"a910x-1"})
     progress.events = ["killed host-1 (a910x-1)"]
+    progress.actions = {("evict", "floor"): 4, ("evict", "lift"): 1, ("place", "move"): 5}
     progress.stats = RunStats(
         version=3,
         consumed=3,
@@ -72,7 +74,9 @@ def test_the_view_shows_each_worker_pending_per_version_and_the_run() -> None:
     assert "500 tok/s" in text  # 5,000 tokens in 10 s
     assert "P50 0.40 s" in text and "P95 0.90 s" in text and "reward 0.31 (v2)" in text
     rows = {line.split()[0]: line.split() for line in text.splitlines() if line.strip()}
-    assert rows["h800-0"][1:] == ["H800", "2", "3", "2", "2", "9,920"]
-    assert rows["a910x-0"][1:] == ["A910X", "1", "2", "5", "1", "9,800"]
+    assert "evicted 4 floor, 1 lift · moved 5 · advanced 0" in text
+    # a910x-0 still serves version 2 while h800-0 serves 3: it finishes version 2's tail
+    assert rows["h800-0"][1:] == ["H800", "2", "throughput", "3", "2", "80", "2", "9,920"]
+    assert rows["a910x-0"][1:] == ["A910X", "1", "tail", "2", "5", "200", "1", "9,800"]
     assert rows["a910x-1"][-1] == "lost"
     assert "killed host-1 (a910x-1)" in text

@@ -23,7 +23,7 @@ from cadence.operator.api.resources import load
 from cadence.operator.local.processes import CADENCE
 from cadence.operator.local.run import pool_workers, vllm_workers
 from cadence.operator.scheduler.registry import DEFAULT_POLICIES
-from tests.helpers import TRAINING_RUN, eventually
+from tests.helpers import LONGTAIL, TRAINING_RUN, eventually
 
 EXAMPLE = TRAINING_RUN
 
@@ -51,6 +51,33 @@ def test_a_short_run_of_the_example_ends_every_sample_once(
     page = (report / "report.html").read_text()
     for plot in ("throughput.png", "context.png", "latency_cdf.png", "reward.png"):
         assert (report / plot).stat().st_size > 0 and plot in page
+
+
+@pytest.mark.slow
+def test_on_a_long_tailed_workload_the_scheduler_evicts_moves_and_gathers_the_tail(
+    tmp_path: Path,
+) -> None:
+    short = tmp_path / "longtail.yaml"
+    text = LONGTAIL.read_text()
+    assert "iterations: 5" in text
+    short.write_text(text.replace("iterations: 5", "iterations: 3"))
+    out, workdir = tmp_path / "out.json", tmp_path / "run"
+    assert main(["run", str(short), "--json", str(out), "--workdir", str(workdir)]) == 0
+    result = json.loads(out.read_text())
+    assert result["samples_admitted"] == 3 * 8 * 8 == result["samples_delivered"]
+    assert result["samples_lost"] == 0 and result["samples_duplicated"] == 0
+    # Workers fall below their floor and shed residents, which move to other workers.
+    assert result["evictions_by_reason"].get("floor", 0) > 0, result["evictions_by_reason"]
+    assert result["placements_by_kind"]["move"] > 0
+    assert result["migrations_kv"] + result["migrations_reprefill"] > 0
+    assert result["actions"]["advance"] > 0
+    # An old version's tail sits on the H800s (affinity 2) more than their share of KV.
+    share = result["tail_top_affinity_share"]
+    assert share is not None and share > result["top_affinity_kv_share"], result
+    assert any(r["tail"] > 0 for r in result["roles_s"].values())
+    assert result["max_version_lag"] <= result["staleness_bound"] == 1
+    for plot in ("workers.png", "trajectory.png", "events.png"):
+        assert (workdir / plot).stat().st_size > 0
 
 
 @pytest.mark.slow
