@@ -91,16 +91,23 @@ def run(
 def with_setting(scenario: Scenario, path: str, value: Any) -> Scenario:
     """A copy of the scenario with one field, named by its dotted path, set to `value`;
     validated again, so a bad path or value raises pydantic's ValidationError. A list of
-    named items is entered by an item's name (`groups.h800.devices`) or its index."""
-    raw = scenario.model_dump()
+    named items is entered by an item's name (`groups.h800.devices`) or its index. Only
+    what the scenario set, and this field, are given again: a default written out would
+    count as given (a length law beside the default lognormal's median)."""
+    full = scenario.model_dump()
+    raw = scenario.model_dump(exclude_unset=True)
+    known: Any = full
     node: Any = raw
     *parents, leaf = path.split(".")
     for part in parents:
-        child = _child(node, part)
+        child = _child(known, part)
         if not isinstance(child, dict | list):
             raise UnknownSetting(f"scenario has no section {part!r} in {path!r}")
-        node = child
-    if isinstance(node, list) or leaf not in node:
+        known = child
+        if isinstance(node, dict) and part not in node:
+            node[part] = {} if isinstance(child, dict) else []
+        node = _child(node, part)
+    if isinstance(known, list) or leaf not in known:
         raise UnknownSetting(f"scenario has no field {path!r}")
     node[leaf] = value
     return Scenario.model_validate(raw)

@@ -383,7 +383,9 @@ SIZING_DELTA = 512
 class Scheduling(_Strict):
     """The run's knobs. `h_min` and `delta` are `auto` (derived per worker each cycle
     from its step cost and the control period) or pinned token counts; the pool is sized
-    with the pinned values, or with `SIZING_H_MIN` and `SIZING_DELTA` under auto."""
+    with the pinned values, or under auto with `sizing_h_min` and `sizing_delta`
+    (`SIZING_H_MIN` and `SIZING_DELTA` unless the scenario says otherwise: a scenario made
+    from a TrainingRun sizes as the operator sizes that run's workers)."""
 
     eta: int = Field(default=1, ge=0, le=1_000)
     delta: AutoOrTokens = "auto"
@@ -398,20 +400,22 @@ class Scheduling(_Strict):
     # where it can be pulled (unless no such worker serves its version), reprefill never
     # pulls. `cadence sim --migration` overrides it.
     migration: Migration = "auto"
+    sizing_h_min: int = Field(default=SIZING_H_MIN, ge=0, le=MAX_TOKENS)
+    sizing_delta: int = Field(default=SIZING_DELTA, ge=0, le=MAX_TOKENS)
 
     @property
     def h_min_tokens(self) -> int:
-        return SIZING_H_MIN if self.h_min == "auto" else self.h_min
+        return self.sizing_h_min if self.h_min == "auto" else self.h_min
 
     @property
     def delta_tokens(self) -> int:
-        return SIZING_DELTA if self.delta == "auto" else self.delta
+        return self.sizing_delta if self.delta == "auto" else self.delta
 
     def knobs(self) -> Knobs:
         return Knobs.from_spec(
             self.h_min,
             self.delta,
-            sizing=(SIZING_H_MIN, SIZING_DELTA),
+            sizing=(self.sizing_h_min, self.sizing_delta),
             eta=self.eta,
             min_decode=self.min_decode,
             concentrate_without_fresh=self.concentrate_without_fresh,

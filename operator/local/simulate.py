@@ -21,7 +21,13 @@ from cadence.common.physics import (
     STEP_OVERHEAD_S,
 )
 from cadence.operator.api.capacity import group_plans, sim_group
-from cadence.operator.api.resources import BatchSpec, RolloutPool, TrainingRun
+from cadence.operator.api.resources import (
+    SIZING_DELTA,
+    SIZING_H_MIN,
+    BatchSpec,
+    RolloutPool,
+    TrainingRun,
+)
 from cadence.operator.api.settings import knobs_of
 from cadence.sim.scenario import (
     Physics,
@@ -92,6 +98,8 @@ def scenario_of(pool: RolloutPool, run: TrainingRun, w: SimWorkload = SimWorkloa
             control_period_s=s.control_period_s,
             concentrate_without_fresh=s.concentrate_without_fresh,
             migration=s.migration,
+            sizing_h_min=SIZING_H_MIN,
+            sizing_delta=SIZING_DELTA,
         ),
     )
 

@@ -11,8 +11,9 @@ import pytest
 
 from cadence.cli import main
 from cadence.operator.api.resources import load
+from cadence.operator.api.settings import knobs_of
 from cadence.operator.local.simulate import SimWorkload, scenario_of
-from tests.helpers import TRAINING_RUN
+from tests.helpers import LONGTAIL, TRAINING_RUN
 
 EXAMPLE = TRAINING_RUN
 
@@ -56,3 +57,20 @@ def test_cadence_sim_runs_the_run_file_with_overrides(
     assert sorted(policies) == ["cadence", "sync"]
     # Five-second updates: sync waits for each, cadence (eta 1) rolls out meanwhile.
     assert policies["cadence"]["throughput_tok_s"] > policies["sync"]["throughput_tok_s"]
+
+
+def test_the_long_tailed_file_simulates_on_the_pool_its_run_sizes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pool, run = load(LONGTAIL)
+    scenario = scenario_of(pool, run)
+    # The run's workers are sized for its auto floor and reserve, and so is the scenario:
+    # the simulator's own sizing for full-size runs would refuse these small KV caches.
+    knobs = scenario.scheduling.knobs()
+    assert (knobs.h_min, knobs.delta) == (knobs_of(run).h_min, knobs_of(run).delta)
+    assert [g.kv_tokens for g in scenario.groups] == [3390, 3045]
+    assert scenario.workload.response_lengths is not None
+    out = tmp_path / "sim.json"
+    argv = ["sim", "--scenario", str(LONGTAIL), "--policies", "cadence", "--json", str(out)]
+    assert main([*argv, "--set", "workload.iterations=2"]) == 0, capsys.readouterr().err
+    assert json.loads(out.read_text())["policies"]["cadence"]["throughput_tok_s"] > 0
