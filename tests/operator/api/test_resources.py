@@ -46,6 +46,14 @@ def test_the_example_validates() -> None:
             "spec.batch.bogus: Extra inputs are not permitted",
         ),
         (("kind: TrainingRun", "kind: Job"), "a document of kind 'Job'"),
+        (
+            ("spec:\n  groups:", "spec:\n  emulatedSpeed: 0\n  groups:"),
+            "RolloutPool spec.emulatedSpeed: Input should be greater than 0",
+        ),
+        (
+            ("spec:\n  groups:", "spec:\n  emulatedSpeed: 1.5\n  groups:"),
+            "RolloutPool spec.emulatedSpeed: Input should be less than or equal to 1",
+        ),
     ],
 )
 def test_a_bad_file_names_the_field_and_the_reason(
