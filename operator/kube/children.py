@@ -83,6 +83,13 @@ def labels(pool: str, component: str, **extra: str) -> dict[str, str]:
     }
 
 
+def worker_selector(pool: str) -> dict[str, str]:
+    """The labels of a pool's worker pods. The pool's label alone also selects its run's
+    trainer pod, which answers on the workers' port: the control loop took it for a worker
+    and, finding no worker API there, for a lost one."""
+    return {"cadence.dev/pool": pool, "app.kubernetes.io/component": "worker"}
+
+
 def group_selector(group: RolloutGroup) -> str:
     """The label selector of a group's pods, as /scale reports it."""
     return f"cadence.dev/pool={group.spec.pool},cadence.dev/group={group.spec.group}"
@@ -166,7 +173,7 @@ def headless_service(pool: RolloutPool, pool_obj: Mapping[str, Any]) -> dict[str
         "spec": {
             "clusterIP": "None",
             "publishNotReadyAddresses": True,  # a draining worker still serves claims
-            "selector": {"cadence.dev/pool": name, "app.kubernetes.io/component": "worker"},
+            "selector": worker_selector(name),
             "ports": [{"name": "control", "port": CONTROL_PORT, "targetPort": "control"}],
         },
     }
@@ -297,7 +304,7 @@ def kv_transfer_policy(pool: RolloutPool, pool_obj: Mapping[str, Any]) -> dict[s
     if not any(g.engine.backend == "vllm" for g in pool.spec.groups):
         return None
     name = pool.metadata.name
-    workers = {"matchLabels": {"cadence.dev/pool": name, "app.kubernetes.io/component": "worker"}}
+    workers = {"matchLabels": worker_selector(name)}
     first, last = KV_DATA_PORTS
     return {
         "apiVersion": "networking.k8s.io/v1",

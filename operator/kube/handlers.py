@@ -374,7 +374,7 @@ class Reconciler:
         token = None
         if pool_obj is not None:
             token = await self._token(ns, pool_obj["spec"].get("tokenSecret", "cadence-token"))
-        pods = await self.kube.list(path("v1", "pods", ns), {"cadence.dev/pool": pool_name})
+        pods = await self.kube.list(path("v1", "pods", ns), children.worker_selector(pool_name))
         views: list[children.WorkerView] = []
         others: list[children.WorkerView] = []
         unfinished: set[int] = set()

@@ -19,6 +19,7 @@ from cadence.operator.api.capacity import group_capacities, hourly_price
 from cadence.operator.api.resources import API_VERSION, RolloutPool, TrainingRun
 from cadence.operator.control.group_stats import GroupShape, group_stats
 from cadence.operator.control.loop import ControlLoop
+from cadence.operator.kube import children
 from cadence.operator.kube.client import KubeApi, KubeError, path
 from cadence.operator.kube.events import Post
 from cadence.operator.kube.metrics import RunSeries
@@ -71,7 +72,7 @@ class RunReporter:
         kube, ns = self.kube, self.run.metadata.namespace
         try:
             pods = await kube.list(
-                path("v1", "pods", ns), {"cadence.dev/pool": self.pool.metadata.name}
+                path("v1", "pods", ns), children.worker_selector(self.pool.metadata.name)
             )
         except (KubeError, httpx.TransportError) as e:
             log.warning("listing %s's pods failed; retried next cycle: %s", self.run.spec.pool, e)

@@ -220,6 +220,19 @@ def test_a_model_claim_is_mounted_read_only_where_workers_and_trainer_read_it() 
     assert claim in template["volumes"] and mount in template["containers"][0]["volumeMounts"]
 
 
+def test_the_pools_worker_selector_takes_its_workers_and_not_its_runs_trainer() -> None:
+    """The trainer pod carries the pool's label and answers on the workers' port: selected
+    with them, the control loop took it for a worker, then for a lost one."""
+    pool, run = load(EXAMPLE)
+    group = RolloutGroup.model_validate(children.rollout_groups(pool, _with_uid(pool, "p"))[0])
+    worker = children.worker_pod(pool, group, _with_uid(group, "g"), run, 0)
+    _, trainer, _ = children.trainer_objects(run, _with_uid(run, "r"), pool)
+    selector = children.worker_selector(pool.metadata.name).items()
+    assert selector <= worker["metadata"]["labels"].items()
+    assert not selector <= trainer["spec"]["template"]["metadata"]["labels"].items()
+    assert trainer["spec"]["template"]["metadata"]["labels"]["cadence.dev/pool"] == "fleet"
+
+
 @pytest.mark.parametrize(
     ("model", "said"),
     [
