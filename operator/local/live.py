@@ -14,7 +14,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from cadence.operator.local.mechanism import role
+from cadence.operator.local.mechanism import newest_version, role
 from cadence.operator.local.run import Progress
 
 
@@ -60,8 +60,7 @@ def render(p: Progress) -> RenderableType:
         ("headroom", "right"),
     ):
         workers.add_column(name, justify=justify)  # type: ignore[arg-type]
-    versions = [st.version for st in states.values() if st.version is not None]
-    newest = max(versions, default=None)
+    newest = newest_version(states)
     for wid, st in sorted(states.items()):
         workers.add_row(
             wid,

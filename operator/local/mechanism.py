@@ -76,7 +76,8 @@ def role(state: WorkerState, newest: int | None) -> str:
     return "throughput"
 
 
-def _newest(states: Mapping[str, WorkerState]) -> int | None:
+def newest_version(states: Mapping[str, WorkerState]) -> int | None:
+    """The newest version any of these workers serves (what `role` compares against)."""
     versions = [s.version for s in states.values() if s.version is not None]
     return max(versions) if versions else None
 
@@ -85,7 +86,7 @@ def roles(timeline: Sequence[Sample]) -> dict[str, dict[str, float]]:
     """Seconds each worker spent in each role, a cycle's role lasting until the next."""
     out: dict[str, dict[str, float]] = {}
     for here, after in itertools.pairwise(timeline):
-        newest = _newest(here.states)
+        newest = newest_version(here.states)
         for wid, state in here.states.items():
             seconds, now = out.setdefault(wid, {}), role(state, newest)
             seconds[now] = seconds.get(now, 0.0) + after.at - here.at
@@ -103,7 +104,7 @@ def tail_figures(timeline: Sequence[Sample]) -> dict[str, float | int | None]:
     capacity: dict[str, tuple[int, int]] = {}  # worker -> (affinity, KV tokens)
     tail = on_top = 0
     for sample in timeline:
-        newest = _newest(sample.states)
+        newest = newest_version(sample.states)
         for wid, state in sample.states.items():
             capacity[wid] = (state.affinity, state.kv_capacity_tokens)
             if role(state, newest) == "tail":

@@ -8,17 +8,16 @@ show what the workers held, not what the scheduler meant them to.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from pathlib import Path
 
 import matplotlib
 
 matplotlib.use("Agg")
-import itertools
-
 import matplotlib.pyplot as plt
 
-from cadence.operator.local.mechanism import Event, Sample, role
+from cadence.operator.local.mechanism import Event, Sample, newest_version, role
 
 _ROLE_COLOURS = {"tail": "#f4c7a1", "throughput": "#c9dcf2"}
 _EVENT_STYLE = {  # (marker, colour, label)
@@ -56,8 +55,7 @@ def workers(timeline: Sequence[Sample], path: Path, title: str) -> bool:
             st = here.states.get(wid)
             if st is None:
                 continue
-            versions = [s.version for s in here.states.values() if s.version is not None]
-            shade = _ROLE_COLOURS.get(role(st, max(versions, default=None)))
+            shade = _ROLE_COLOURS.get(role(st, newest_version(here.states)))
             if shade is not None:
                 ax.axvspan(here.at, after.at, color=shade, lw=0)
             xs.append(here.at)
