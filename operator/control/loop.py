@@ -199,7 +199,7 @@ class ControlLoop:
             except (TrainerError, OSError, httpx.TransportError) as e:
                 request = getattr(e, "_request", None)  # which service, for a transport error
                 where = f" ({request.method} {request.url})" if request is not None else ""
-                log.warning("cycle skipped: %s%s", e, where)
+                log.warning("cycle skipped: %s %s%s", type(e).__name__, e, where)
             await asyncio.sleep(max(0.0, self.config.period_s - (self.clock() - started)))
 
     # --- one cycle ---------------------------------------------------------------------

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import sqlite3
 import subprocess
 import threading
 from collections.abc import Callable, Iterator
@@ -164,6 +165,22 @@ def _ledger(tmp_path: Path) -> Path:
     return tmp_path / "node" / "claims" / "state-digits-trainer-0" / "ledger.db"
 
 
+def _succeeded(url: str, node: Kubelet, tmp_path: Path, *, timeout_s: float, what: str) -> Any:
+    """The run's status once it Succeeded. On a timeout the failure says where the run
+    stood: its status, the ledger's samples by state, the trainer's last log lines."""
+    try:
+        return eventually(
+            lambda: _run(url).get("phase") == "Succeeded" and _run(url),
+            timeout_s=timeout_s,
+            what=what,
+        )
+    except pytest.fail.Exception as e:
+        with sqlite3.connect(f"file:{_ledger(tmp_path)}?mode=ro", uri=True) as db:
+            states = dict(db.execute("SELECT state, count(*) FROM samples GROUP BY state"))
+        trainer = node.log("digits-trainer-0")[-1500:]
+        pytest.fail(f"{e}\nstatus: {_run(url)}\nledger: {states}\ntrainer log: {trainer}")
+
+
 def _all_ready(url: str, count: int) -> list[dict[str, Any]] | None:
     pods: list[dict[str, Any]] = call(url, "GET", PODS)["items"]
     ready = [
@@ -249,11 +266,7 @@ def test_a_run_trains_on_pods_the_kubelet_runs_from_their_specs(
         scraped += httpx.get(
             node.url_of(f"http://digits-trainer:{children.TRAINER_PORT}/metrics")
         ).text
-        status = eventually(
-            lambda: _run(url).get("phase") == "Succeeded" and _run(url),
-            timeout_s=300,
-            what=f"the run Succeeded; trainer log: {node.log('digits-trainer-0')[-2000:]}",
-        )
+        status = _succeeded(url, node, tmp_path, timeout_s=300, what="the run Succeeded")
         eventually(  # a finished run frees its pool
             lambda: _status(url, f"{NS}/rolloutpools/mixed").get("run") is None,
             timeout_s=OPERATOR_S,
@@ -300,10 +313,8 @@ def test_an_operator_restarted_mid_run_rebuilds_and_finishes_it(
                 what="the run at version 2",
             )
         with operator_thread(url, _reconciler(node)):
-            eventually(
-                lambda: _run(url).get("phase") == "Succeeded",
-                timeout_s=300,
-                what="the run Succeeded under the new operator",
+            _succeeded(
+                url, node, tmp_path, timeout_s=300, what="the run Succeeded under the new operator"
             )
     assert watcher.errors == [] and watcher.polls > 20 and watcher.residents > 0
     assert watcher.doubles == []
@@ -332,11 +343,7 @@ def test_scale_in_mid_run_drains_the_pod_by_sigterm_and_loses_nothing(
         (scaled_in,) = eventually(
             lambda: _events(url, "ScaledIn"), timeout_s=OPERATOR_S, what="a ScaledIn event"
         )
-        eventually(
-            lambda: _run(url).get("phase") == "Succeeded",
-            timeout_s=300,
-            what="the run Succeeded after the scale-in",
-        )
+        _succeeded(url, node, tmp_path, timeout_s=300, what="the run Succeeded after the scale-in")
     assert gone.startswith("mixed-a910x-") and scaled_in["message"].startswith(f"pod {gone}")
     assert node.ended[gone] == ("exited", 0), node.log(gone)[-1500:]
     assert watcher.errors == [] and watcher.polls > 20 and watcher.residents > 0
