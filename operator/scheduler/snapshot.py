@@ -243,6 +243,13 @@ _PENDING_ORDER = attrgetter("context", "id")
 _FRESH_ORDER = attrgetter("prompt_tokens", "id")
 
 
+def worker_order(wid: str) -> tuple[str, int]:
+    """Sort key of worker ids: the name, then its trailing ordinal as a number (h800-2
+    before h800-10, as a pool's groups number their workers)."""
+    head, _, tail = wid.rpartition("-")
+    return (head, int(tail)) if head and tail.isdigit() else (wid, -1)
+
+
 @dataclass(frozen=True, slots=True)
 class Snapshot:
     """The pool at time `now`, plus the run's counters and knobs.
@@ -250,6 +257,9 @@ class Snapshot:
     `pending` is every P_v together (each item names its version); `fresh` is the pool of
     admitted, unstarted samples. Derived indexes (pending by version, shortest first, all
     and placeable only; fresh samples by batch, shortest first) are built once here.
+    `workers` are put in `worker_order`: a policy that breaks ties by position
+    (round-robin dispatch, first fit) then chooses alike in the control loop and in the
+    simulator, whatever order the pool lists its groups in.
     """
 
     now: float
@@ -269,6 +279,8 @@ class Snapshot:
     def __post_init__(self) -> None:
         if self.newest_version < 0:
             raise ConfigError(f"newest version is {self.newest_version}; it must be >= 0")
+        ordered = tuple(sorted(self.workers, key=lambda w: worker_order(w.id)))
+        object.__setattr__(self, "workers", ordered)
         grouped: dict[int, list[PendingTrajectory]] = {}
         for p in self.pending:
             grouped.setdefault(p.version, []).append(p)

@@ -9,6 +9,7 @@ import pytest
 
 from cadence.operator.scheduler import CadencePolicy, StrandingError
 from cadence.operator.scheduler.registry import POLICIES
+from cadence.operator.scheduler.snapshot import worker_order
 from cadence.sim.core import Simulation, Trajectory, _slowest_tenth_share
 from cadence.sim.scenario import Scenario
 from tests.helpers import TINY_SCENARIO
@@ -143,3 +144,22 @@ def test_slowest_tenth_share_is_the_time_after_nine_in_ten_completed() -> None:
     ]
     batch.append(Trajectory(replay[9], state="done", first_step=0.0, done_at=100.0))
     assert _slowest_tenth_share(batch, prompts_per_batch=100) == pytest.approx(91 / 100)
+
+
+@pytest.mark.parametrize("policy", ["sync", "laminar"])
+def test_the_order_groups_are_listed_in_changes_nothing(policy: str) -> None:
+    """Policies that break ties by position (round-robin dispatch, first fit) see the
+    workers by id, as the control loop lists them, not in the order the file lists its
+    groups: the same pool written two ways simulates alike."""
+    scenario = Scenario.load(TINY)
+    raw = scenario.model_dump()
+    reversed_ = Scenario.model_validate({**raw, "groups": raw["groups"][::-1]})
+    results = []
+    for s in (scenario, reversed_):
+        sim = Simulation(s, POLICIES[policy]())
+        ids = [w.id for w in sim.snapshot().workers]
+        assert ids == sorted(ids, key=worker_order)
+        while not sim.finished:
+            sim.step()
+        results.append((sim.now, sim.result().throughput_tok_s))
+    assert results[0] == results[1]
