@@ -213,7 +213,7 @@ def create_app(trainer: Trainer, token: str, *, train: bool = True) -> FastAPI:
         if not 0 <= u < config.iterations:
             raise web.Refusal(404, "no_batch", f"batches are 0 to {config.iterations - 1}")
         with trainer.lock:
-            if not trainer.ledger.batch_complete(u) and trainer.ledger.consumed_batches <= u:
+            if trainer.ledger.consumed_batches <= u and not trainer.complete(u):
                 raise web.Refusal(409, "incomplete", f"batch {u} is not complete yet")
             samples = [
                 BatchSample(id=s.id, group=s.group, version=d.version, failed=d.failed, delivery=d)

@@ -31,6 +31,9 @@ class TrainerConfig(BaseModel):
     advantages: Literal["group", "batch"] = "group"
     max_tokens: int = Field(default=12, ge=1)
     temperature: float = Field(default=1.0, ge=0.0)
+    # Which groups an update trains: batch u as admitted ("in_order"), or the B groups
+    # that completed first ("oldest_complete", as AReaL's trainer takes them).
+    batches: Literal["in_order", "oldest_complete"] = "in_order"
 
     _floor = field_validator("temperature")(greedy_or_above_the_floor)
 

@@ -409,6 +409,37 @@ class Ledger:
         ).fetchone()
         return int(row[0]) == 0
 
+    def take_oldest_complete(self, u: int) -> bool:
+        """AReaL-like batching: batch `u` becomes the B unconsumed groups that completed
+        first (their last sample accepted earliest), whatever batch they were admitted
+        into; the groups they replace take the batch numbers they leave, so every batch
+        keeps B groups and is consumed once. Whether batch `u` is complete now."""
+        if self.batch_complete(u):
+            return True
+        with self._tx():
+            rows = self.db.execute(
+                "SELECT s.grp, MIN(s.batch) FROM samples s LEFT JOIN arrivals a "
+                "ON a.id = s.id AND a.outcome = 'accepted' WHERE s.batch >= ? GROUP BY s.grp "
+                "HAVING SUM(s.state != 'delivered') = 0 "
+                "ORDER BY COALESCE(MAX(a.seq), 0), s.grp",
+                (u,),
+            ).fetchall()
+            if len(rows) < self.batch_groups:
+                return False
+            chosen = {int(g): int(b) for g, b in rows[: self.batch_groups]}
+            current = [
+                int(g)
+                for (g,) in self.db.execute(
+                    "SELECT DISTINCT grp FROM samples WHERE batch = ? ORDER BY grp", (u,)
+                )
+            ]
+            leaving = [g for g in current if g not in chosen]
+            coming = [g for g in chosen if chosen[g] != u]
+            for old, new in zip(leaving, coming, strict=True):
+                self.db.execute("UPDATE samples SET batch = ? WHERE grp = ?", (chosen[new], old))
+                self.db.execute("UPDATE samples SET batch = ? WHERE grp = ?", (u, new))
+        return self.batch_complete(u)
+
     def deliveries(self, u: int) -> list[tuple[Sample, Delivery]]:
         """Batch `u`'s samples with their deliveries, in group then sample order."""
         rows = self.db.execute(

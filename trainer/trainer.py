@@ -159,13 +159,20 @@ class Trainer:
             return False
         with self.lock:
             u = self.ledger.consumed_batches
-            return u < self.config.iterations and self.ledger.batch_complete(u)
+            return u < self.config.iterations and self.complete(u)
+
+    def complete(self, u: int) -> bool:
+        """Whether batch `u` can be trained now (the caller holds the lock); under
+        `oldest_complete` batching, it becomes the B groups that completed first."""
+        if self.config.batches == "oldest_complete":
+            return self.ledger.take_oldest_complete(u)
+        return self.ledger.batch_complete(u)
 
     def train_next(self) -> UpdateStats | None:
         """Train the next batch if it is complete; publish its version. Blocking."""
         with self.lock:
             u = self.ledger.consumed_batches
-            if u >= self.config.iterations or not self.ledger.batch_complete(u):
+            if u >= self.config.iterations or not self.complete(u):
                 return None
             batch = [Scored(s.group, d, s.reward or 0.0) for s, d in self.ledger.deliveries(u)]
         config = UpdateConfig(
@@ -239,7 +246,7 @@ class Trainer:
             u = self.ledger.consumed_batches
             if version != u + 1:
                 raise LedgerError(f"the next version is {u + 1}, not {version}")
-            if not self.ledger.batch_complete(u):
+            if not self.complete(u):
                 raise LedgerError(f"batch {u} is not complete")
         try:
             self.model.load_state_dict(load(data), strict=True)

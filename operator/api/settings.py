@@ -8,6 +8,7 @@ from pathlib import Path
 
 from cadence.operator.api.resources import SIZING_DELTA, SIZING_H_MIN, TrainingRun
 from cadence.operator.control.budgets import Budgets
+from cadence.operator.scheduler.registry import POLICIES
 from cadence.operator.scheduler.snapshot import Knobs
 from cadence.trainer.config import TrainerConfig
 
@@ -36,9 +37,13 @@ def budgets_of(run: TrainingRun) -> Budgets | None:
     return Budgets(law, b.samples_per_prompt, b.max_tokens, b.response_lengths.seed)
 
 
-def trainer_config(run: TrainingRun, model_path: Path, state_dir: Path) -> TrainerConfig:
-    """The trainer's settings for `run`, its model and state where the caller keeps them."""
+def trainer_config(
+    run: TrainingRun, model_path: Path, state_dir: Path, policy: str | None = None
+) -> TrainerConfig:
+    """The trainer's settings for `run`, its model and state where the caller keeps them;
+    batches taken as `policy` (default: the run's) has its trainer take them."""
     s = run.spec
+    takes = getattr(POLICIES[policy or s.scheduler.policy](), "trainer_takes", None)
     return TrainerConfig(
         model_path=model_path,
         state_dir=state_dir,
@@ -53,4 +58,5 @@ def trainer_config(run: TrainingRun, model_path: Path, state_dir: Path) -> Train
         advantages=s.trainer.advantages,
         max_tokens=s.batch.max_tokens,
         temperature=s.batch.temperature,
+        batches="oldest_complete" if takes == "oldest_complete" else "in_order",
     )

@@ -129,7 +129,7 @@ async def run(
     workdir.mkdir(parents=True, exist_ok=True)
     model = Path(spec.model.path) if spec.model.path else make_tiny_llama(workdir / "model")
     token = secrets.token_hex(16)
-    config = trainer_config(training, model, workdir / "trainer").model_copy(
+    config = trainer_config(training, model, workdir / "trainer", policy).model_copy(
         update={"seed": options.seed}
     )
     (workdir / "trainer.json").write_text(config.model_dump_json(indent=2))

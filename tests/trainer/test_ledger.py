@@ -67,3 +67,27 @@ def test_a_batch_is_consumed_once_with_its_version_and_survives_a_restart(
     assert reopened.counts() == {"consumed": 2, "fresh": 2, "failed": 1}
     with pytest.raises(LedgerError, match="group_size 2, not 4"):
         Ledger(tmp_path / "ledger.db", group_size=4, batch_groups=1)
+
+
+def test_oldest_complete_batching_trains_the_groups_that_finished_first(tmp_path: Path) -> None:
+    """AReaL-like: the update takes the B groups that completed first, whatever batch
+    admitted them; the groups it displaces take their places, so each batch still holds
+    B groups and every sample is consumed once."""
+    ledger = Ledger(tmp_path / "ledger.db", group_size=2, batch_groups=2)
+    for g in range(6):
+        ledger.admit([10 + g, 11], answer=str(g))
+    for sid in ("g3-s0", "g3-s1", "g0-s0", "g4-s1", "g4-s0", "g0-s1"):  # g3, g4, g0 complete
+        ledger.deliver(delivery(sid), reward=0.0)
+    assert not ledger.batch_complete(0)
+    assert ledger.take_oldest_complete(0)
+    assert {s.group for s, _ in ledger.deliveries(0)} == {3, 4}
+    by_group = {s.group: s.batch for s in ledger.samples()}
+    assert by_group == {0: 1, 1: 2, 2: 1, 3: 0, 4: 0, 5: 2}  # g0, g1 took g3's, g4's places
+    ledger.consume(0, published=1)
+    assert not ledger.take_oldest_complete(1)  # only g0 is complete among the rest
+    for sid in ("g5-s0", "g5-s1"):
+        ledger.deliver(delivery(sid), reward=0.0)
+    assert ledger.take_oldest_complete(1)
+    assert {s.group for s, _ in ledger.deliveries(1)} == {0, 5}
+    ledger.consume(1, published=2)
+    assert ledger.counts()["consumed"] == 8 and ledger.accepted_twice() == 0
