@@ -4,9 +4,10 @@ on one scenario, the same YAML file; how far their throughput and P95 latency di
 For each policy the file runs for real first: trainer, emulated workers and the control
 loop, at a time compression slow enough for the emulation to keep its accelerators' pace
 on this machine. What the resources do not say about the workload is then read from that
-run's ledger (mean prompt and response length, the mean update time) and given to the
-simulator (`operator/local/simulate.py`), which runs the same policy on the same modelled pool,
-with weights moved for free as the emulation moves them.
+run's ledger and its control loop (mean prompt and response length, the mean update
+time, the mean time a worker's advance took) and given to the simulator
+(`operator/local/simulate.py`), which runs the same policy on the same modelled pool and
+charges each advance what the run's did.
 `ratio` is runtime over simulator; the target is within 15%. Prints one JSON object.
 """
 
@@ -26,11 +27,12 @@ from cadence.sim import compare
 
 EXAMPLE = Path(__file__).parents[1] / "manifests" / "examples" / "trainingrun.yaml"
 # The emulated engine does not model moving the catalog model's weights (it loads the tiny
-# model's), so the simulator compared with it moves them for free.
+# model's), so the simulator compared with it sends them from the trainer for free and
+# charges an advance what the run's took.
 FREE_LINK_GB_S = 1e6
 
 
-def _workload(state_dir: Path, compression: float) -> SimWorkload:
+def _workload(state_dir: Path, compression: float, advance_s: float | None) -> SimWorkload:
     db = sqlite3.connect(state_dir / "ledger.db")
     try:
         prompts = [len(json.loads(p)) for (p,) in db.execute("SELECT prompt FROM groups")]
@@ -44,6 +46,7 @@ def _workload(state_dir: Path, compression: float) -> SimWorkload:
         update_seconds=statistics.mean(updates),
         compression=compression,
         weights_link_gb_s=FREE_LINK_GB_S,
+        advance_seconds=advance_s,
     )
 
 
@@ -60,7 +63,9 @@ def measure(
         folder = workdir / policy
         options = local.RunOptions(policy=policy, compression=compression)
         measured = asyncio.run(local.run(pool, training, folder, options)).measures
-        workload = _workload(folder / "trainer", compression)
+        advance_s = measured["advance_s_mean"]
+        assert advance_s is None or isinstance(advance_s, float)
+        workload = _workload(folder / "trainer", compression, advance_s)
         simulated = compare.run(scenario_of(pool, training, workload), [policy], {})[0]
         runtime = {
             "throughput_tok_s": measured["throughput_tok_s"],
@@ -85,6 +90,7 @@ def measure(
                 "prompt_tokens": workload.prompt_tokens,
                 "response_tokens": round(workload.response_tokens or 0, 2),
                 "update_seconds": round(workload.update_seconds, 3),
+                "advance_seconds": workload.advance_seconds,
             },
         }
     return {"file": str(file), "compression": compression, "iterations": iterations, **out}

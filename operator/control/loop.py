@@ -116,6 +116,8 @@ class ControlLoop:
     on_observe: Callable[[Mapping[str, WorkerState]], None] | None = None
     state: Any = None
     reports: list[CycleReport] = field(default_factory=list)
+    # How long each advance took (fetch, check and load the weights), the last 1,000.
+    advance_seconds: list[float] = field(default_factory=list)
     _clients: dict[str, WorkerClient] = field(default_factory=dict)
     _silent_since: dict[str, float] = field(default_factory=dict)
     _lost: set[str] = field(default_factory=set)
@@ -513,11 +515,14 @@ class ControlLoop:
                 weights_uri=self.trainer.weights_uri(info),
                 sha256=info.sha256,
             )
+            started = self.clock()
             await self._clients[action.worker].advance(request)
         except (WorkerError, TrainerError, OSError, httpx.TransportError) as e:
             self._totals["errors"] += 1
             log.warning("%s failed: %r", action, e)
             return
+        self.advance_seconds.append(self.clock() - started)
+        del self.advance_seconds[:-1000]
         try:
             self._totals["errors"] += await then()
         except (TrainerError, OSError, httpx.TransportError) as e:

@@ -139,6 +139,7 @@ def measures(
     totals = loop.totals
     sample = loop.sample.items
     cycles = [r.cycle_ms for r in sample]
+    advances = loop.advance_seconds
     return {
         "policy": policy,
         "workers": len(workers),
@@ -168,6 +169,7 @@ def measures(
         "cycle_plan_ms_p95": round(percentile([r.plan_ms for r in sample], 0.95), 2),
         "cycle_apply_ms_p95": round(percentile([r.apply_ms for r in sample], 0.95), 2),
         "cycles": totals["cycles"],
+        "advance_s_mean": round(statistics.mean(advances), 3) if advances else None,
         "reward_by_version": {
             str(v): round(stats.reward_by_version[v], 4) for v in sorted(stats.reward_by_version)
         },

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from cadence.common.catalog import MODELS
 from cadence.common.physics import (
     BANDWIDTH_EFFICIENCY,
     DECODE_MFU,
@@ -48,6 +49,10 @@ class SimWorkload:
     # Trainer to pool. The emulated engine loads the tiny model's real weights and does
     # not model the catalog model's transfer: compare it with a link that costs nothing.
     weights_link_gb_s: float = 2.5
+    # How long a worker's advance took on the run being compared (None: the catalog
+    # model's weights over `weights_link_gb_s`); the simulator then charges each
+    # advance that long.
+    advance_seconds: float | None = None
 
 
 def scenario_of(pool: RolloutPool, run: TrainingRun, w: SimWorkload = SimWorkload()) -> Scenario:
@@ -79,7 +84,11 @@ def scenario_of(pool: RolloutPool, run: TrainingRun, w: SimWorkload = SimWorkloa
             # the modelled cluster link, slowed as their steps are; others re-prefill.
             kv_transfer=True,
             intra_cluster_gb_s=LINK_BYTES_PER_S / 1e9 * c,
-            weights_load_gb_s=w.weights_link_gb_s,
+            weights_load_gb_s=(
+                MODELS[spec.model.catalog].weight_bytes / 1e9 / w.advance_seconds
+                if w.advance_seconds
+                else w.weights_link_gb_s
+            ),
             min_kv_tokens=need,
         ),
         workload=Workload(
