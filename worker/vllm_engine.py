@@ -37,6 +37,9 @@ from typing import Any, Literal
 from cadence.worker.api import StepCostInfo
 from cadence.worker.engine import EngineRequest, PullOutcome, RoomError
 
+# Tokens per KV block (vLLM's `block_size`): KV is sized and moved in these.
+KV_BLOCK = 32
+
 
 @dataclass(frozen=True, slots=True)
 class KvTransfer:
@@ -111,7 +114,7 @@ class VllmEngine:
         *,
         max_model_len: int,
         kv_blocks: int | None = None,
-        block_size: int = 32,
+        block_size: int = KV_BLOCK,
         memory_utilization: float = 0.1,
         tensor_parallel: int = 1,
         kv_transfer: KvTransfer | None = None,

@@ -58,15 +58,18 @@ __all__ = ["PoolWorker", "Progress", "RunOptions", "RunResult", "pool_workers", 
 
 def pool_workers(pool: RolloutPool, run: TrainingRun | None = None) -> list[PoolWorker]:
     """The pool's workers; with `run`, each at its group's plan for the run's model
-    (tensor-parallel degree, memory share), as the operator starts them."""
+    (tensor-parallel degree, memory share, KV tokens, longest context), as the operator
+    starts them."""
     plans = group_plans(pool, run) if run is not None else {}
     out = []
     for g in pool.spec.groups:
         price = hourly_price(g)
-        tp = plans[g.name][0] if g.name in plans else None
+        tp, kv = plans.get(g.name, (None, None))
         share = g.engine.memory_utilization if tp is not None else None
+        longest = g.engine.max_model_len if tp is not None else None
         for i in range(g.replicas):
-            out.append(PoolWorker(f"{g.name}-{i}", g.accelerator, g.affinity, price, tp, share))
+            wid = f"{g.name}-{i}"
+            out.append(PoolWorker(wid, g.accelerator, g.affinity, price, tp, share, kv, longest))
     return out
 
 

@@ -49,10 +49,12 @@ class PoolWorker:
     accelerator: str
     affinity: int
     price_per_hour: float
-    # The group's plan (an emulated worker's degree and memory share); None: the worker's
-    # own defaults.
+    # The group's plan (an emulated worker's degree and memory share; a vLLM worker's KV
+    # tokens and longest context); None: the worker's own defaults.
     tensor_parallel: int | None = None
     memory_utilization: float | None = None
+    kv_tokens: int | None = None
+    max_model_len: int | None = None
 
 
 class Supervisor:
@@ -126,6 +128,10 @@ class Supervisor:
     def _start_single(self, w: PoolWorker, slot: str) -> str:
         args = ["worker", "--id", w.id, "--engine", "vllm", "--accelerator", w.accelerator]
         args += ["--affinity", str(w.affinity), "--weights-dir", str(self.weights / w.id)]
+        if w.kv_tokens is not None:
+            args += ["--kv-tokens", str(w.kv_tokens)]
+        if w.max_model_len is not None:
+            args += ["--max-model-len", str(w.max_model_len)]
         if self.kv_transfer:
             args += ["--kv-transfer-port", str(free_port())]
         url = self.children.start(w.id, [*args, *self.common])

@@ -377,6 +377,21 @@ def test_a_vllm_run_says_plainly_when_it_starts_fewer_workers() -> None:
     assert vllm_workers(kept) == (kept, None)
 
 
+def test_each_worker_starts_at_its_groups_plan_with_the_kv_it_plans_for() -> None:
+    """A vLLM worker on the CPU would take whatever KV its memory share leaves (far
+    more than the plan for the modelled accelerator): it is started with the plan's KV
+    tokens and longest context, so the headroom floor binds as it would on the device."""
+    pool, run = load(LONGTAIL)
+    workers = pool_workers(pool, run)
+    assert [(w.id, w.kv_tokens, w.max_model_len) for w in workers] == [
+        ("h800-0", 3390, 1100),
+        ("h800-1", 3390, 1100),
+        ("a910x-0", 3045, 1100),
+        ("a910x-1", 3045, 1100),
+    ]
+    assert all(w.kv_tokens is None for w in pool_workers(pool))  # no run: no plan
+
+
 @pytest.mark.vllm
 @pytest.mark.slow
 def test_a_short_run_on_vllm_workers_trains_and_ends_every_sample(tmp_path: Path) -> None:
