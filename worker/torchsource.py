@@ -14,6 +14,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import inspect
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -91,16 +92,37 @@ class TorchTokenSource:
         self.eos_token_id: int | None = self.model.config.eos_token_id
         self.vocab_size: int | None = int(self.model.config.vocab_size)
         self._cache: dict[str, tuple[int, Layers]] = {}  # id -> (tokens in cache, KV)
+        # A step runs in a thread while the worker's event loop evicts: a cache forgotten
+        # mid-step is dropped when the step ends, never under it.
+        self._lock = threading.Lock()
+        self._stepping = False
+        self._forgotten: set[str] = set()
 
     def forget(self, rid: str) -> None:
-        self._cache.pop(rid, None)
+        with self._lock:
+            if self._stepping:
+                self._forgotten.add(rid)
+            else:
+                self._cache.pop(rid, None)
 
-    @torch.inference_mode()
     def next_tokens(self, batch: Sequence[EngineRequest]) -> list[Sampled]:
         """A token for each request: those whose cache is current decode in one batched
         forward pass (left-padded, masked), the rest are prefilled one by one. The tiny
         model's forward costs about the same for one sequence as for sixty-four, so
         batching is what lets a laptop emulate a pool of busy workers."""
+        with self._lock:
+            self._stepping = True
+        try:
+            return self._next_tokens(batch)
+        finally:
+            with self._lock:
+                self._stepping = False
+                for rid in self._forgotten:
+                    self._cache.pop(rid, None)
+                self._forgotten.clear()
+
+    @torch.inference_mode()
+    def _next_tokens(self, batch: Sequence[EngineRequest]) -> list[Sampled]:
         out: list[Sampled | None] = [None] * len(batch)
         current = []
         for i, request in enumerate(batch):

@@ -88,3 +88,26 @@ def test_a_batch_decodes_what_each_request_would_decode_alone(tiny_model: Path) 
         for r in single:
             r.output.token_ids.append(alone.next_tokens([r])[0].token)
     assert [r.output.token_ids for r in batch] == [r.output.token_ids for r in single]
+
+
+def test_a_resident_evicted_mid_step_neither_breaks_the_step_nor_keeps_its_cache(
+    tiny_model: Path,
+) -> None:
+    """The engine steps in a thread while the worker's event loop evicts: a cache
+    forgotten while a step runs (here, during another request's prefill, before the
+    batched decode reads it) is dropped once the step ends."""
+    source = TorchTokenSource(tiny_model)
+    a = EngineRequest("a", [5, 17, 99], 30, Sampling(seed=1))
+    b = EngineRequest("b", [3, 250, 8], 30, Sampling(seed=2))
+    a.output.token_ids.append(source.next_tokens([a])[0].token)  # a's cache is current
+    model = source.model
+
+    def forward_that_evicts(*args: object, **kwargs: object) -> object:
+        source.forget("a")
+        return model(*args, **kwargs)
+
+    source.model = forward_that_evicts
+    sampled = source.next_tokens([a, b])  # b prefills (a forgotten), then a decodes
+    source.model = model
+    assert len(sampled) == 2
+    assert set(source._cache) == {"b"}
