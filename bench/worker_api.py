@@ -78,7 +78,8 @@ async def _bench(model_path: Path, residents: int, requests: int) -> dict[str, o
 
 def main(residents: int, requests: int) -> dict[str, object]:
     with tempfile.TemporaryDirectory() as tmp:
-        model_path = make_tiny_llama(Path(tmp) / "tiny")
+        # Positions for the residents' 100,000-token budgets: a worker refuses more.
+        model_path = make_tiny_llama(Path(tmp) / "tiny", max_positions=2**17)
         out = asyncio.run(_bench(model_path, residents, requests))
     print(json.dumps(out))
     return out

@@ -9,7 +9,7 @@ from typing import Literal, Self
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from cadence.trainer.ledger import SampleState
-from cadence.worker.api import Delivery
+from cadence.worker.api import Attempt, Delivery, Version
 
 
 class _Body(BaseModel):
@@ -63,10 +63,10 @@ class AdmitResponse(_Body):
 
 
 class RecordRequest(_Body):
-    attempt: int = Field(ge=0)
+    attempt: Attempt
     state: Literal["placed", "parked", "environment"]
-    worker: str = Field(min_length=1)
-    version: int | None = Field(default=None, ge=0)
+    worker: str = Field(min_length=1, max_length=200)
+    version: Version | None = None
 
 
 class Record(RecordRequest):

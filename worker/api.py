@@ -22,10 +22,12 @@ TrajectoryId = Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[A-
 WorkerId = Annotated[str, Field(min_length=1, max_length=200)]
 # Token ids are checked against the model's vocabulary where the model is known (the
 # worker's engine, the trainer); this bound only keeps them machine integers.
-TokenIds = list[Annotated[int, Field(ge=0, lt=2**31)]]
+TokenIds = list[Annotated[int, Field(strict=True, ge=0, lt=2**31)]]
 # Attempts and versions are stored as SQLite integers (64-bit signed) by the trainer.
-Attempt = Annotated[int, Field(ge=0, le=2**63 - 1)]
-Version = Annotated[int, Field(ge=0, le=2**63 - 1)]
+# Strict: a JSON string or boolean is not a number. Bounded well inside SQLite's int64,
+# so a re-queue's increment never overflows.
+Attempt = Annotated[int, Field(strict=True, ge=0, le=2**31 - 1)]
+Version = Annotated[int, Field(strict=True, ge=0, le=2**31 - 1)]
 Seconds = Annotated[float, Field(allow_inf_nan=False)]
 # vLLM raises a temperature below this to it ("may cause numerical errors nan or inf");
 # a placement asking for less (but not 0, greedy) is refused instead of changed.
@@ -40,6 +42,12 @@ def greedy_or_above_the_floor(t: float) -> float:
     if 0.0 < t < MIN_TEMPERATURE:
         raise ValueError(f"must be 0 (greedy) or at least {MIN_TEMPERATURE}, vLLM's floor")
     return t
+
+
+# Bounds no model or environment reaches; the worker bounds prompt + max_tokens by its
+# own model's positions as well.
+MAX_TOKENS = 2**20
+MAX_TOOL_CALLS = 256
 
 
 class _Body(BaseModel):
@@ -64,8 +72,8 @@ class FreshStart(_Body):
 
     prompt_token_ids: TokenIds = Field(min_length=1)
     sampling: Sampling = Sampling()
-    max_tokens: int = Field(ge=1)
-    max_tool_calls: int = Field(default=0, ge=0)
+    max_tokens: int = Field(strict=True, ge=1, le=MAX_TOKENS)
+    max_tool_calls: int = Field(default=0, strict=True, ge=0, le=MAX_TOOL_CALLS)
 
 
 class Source(_Body):
@@ -180,6 +188,8 @@ class WorkerState(_Body):
     # in this worker's time (an emulated one's modelled link; None where unknown).
     kv_bytes_per_token: int | None = Field(default=None, ge=1)
     kv_link_bytes_per_s: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    # Why decoding has stalled (residents and no step within its bound); None: it steps.
+    stalled: str | None = None
 
 
 class PlaceResponse(_Body):
@@ -210,7 +220,8 @@ class Turn(_Body):
 
     role: Literal["model", "environment"]
     token_ids: TokenIds
-    logprobs: list[Seconds] | None = None  # per generated token; None for observations
+    # Per generated token, each <= 0 (a log probability); None for observations.
+    logprobs: list[Annotated[float, Field(le=0.0, allow_inf_nan=False)]] | None = None
     version: Version | None = None  # the policy version that generated a model turn
 
     @model_validator(mode="after")
@@ -240,6 +251,23 @@ class KvOffer(_Body):
     tokens: int = Field(ge=0)
     lease_s: float = Field(gt=0, allow_inf_nan=False)
     params: dict[str, object]
+
+
+class Fence(_Body):
+    """One trajectory's current attempt, as the ledger has it: copies older are stale."""
+
+    id: TrajectoryId
+    attempt: Attempt
+
+
+class FenceRequest(_Body):
+    """POST /v1/fence: drop the copies held under attempts older than these."""
+
+    items: list[Fence] = Field(max_length=4096)
+
+
+class FenceResponse(_Body):
+    dropped: list[str]
 
 
 class ReleaseRequest(_Body):

@@ -25,6 +25,8 @@ from cadence.worker.api import (
     AdvanceRequest,
     ClaimRequest,
     EvictResponse,
+    FenceRequest,
+    FenceResponse,
     PlaceRequest,
     PlaceResponse,
     ReleaseRequest,
@@ -98,6 +100,9 @@ async def decode_forever(core: WorkerCore, retry_s: float = 0.2) -> None:
 
 async def _decode(core: WorkerCore, retry_s: float) -> None:
     while True:
+        if core.hold_decoding:
+            await asyncio.sleep(0.05)
+            continue
         if core.resident:
             try:
                 await core.step()
@@ -146,6 +151,10 @@ def create_app(core: WorkerCore, token: str, *, run_decode_loop: bool = True) ->
     async def release(rid: str, body: ReleaseRequest) -> None:
         core.release(rid, body)
 
+    @app.post("/v1/fence", dependencies=guarded)
+    async def fence(body: FenceRequest) -> FenceResponse:
+        return FenceResponse(dropped=core.fence(body.items))
+
     @app.post("/v1/advance", dependencies=guarded)
     async def advance(body: AdvanceRequest) -> WorkerState:
         return await core.advance(body)
@@ -166,12 +175,16 @@ def create_app(core: WorkerCore, token: str, *, run_decode_loop: bool = True) ->
     async def healthz() -> JSONResponse:
         if core.broken is not None:
             return web.problem(503, "broken", core.broken)
+        if (stalled := core.stalled()) is not None:
+            return web.problem(503, "stalled", stalled)
         return JSONResponse({"status": "ok"})
 
     @app.get("/readyz")
     async def readyz() -> JSONResponse:
         if core.broken is not None:
             return web.problem(503, "broken", core.broken)
+        if (stalled := core.stalled()) is not None:
+            return web.problem(503, "stalled", stalled)
         if core.draining:
             return web.problem(503, "draining", "the worker is draining")
         return JSONResponse({"status": "ready"})

@@ -30,6 +30,7 @@ import ast
 import math
 import re
 from collections.abc import Callable
+from fractions import Fraction
 
 from fastapi import FastAPI
 from pydantic import BaseModel, ConfigDict, Field
@@ -42,7 +43,11 @@ MAX_EXPONENT = 64
 MAX_MAGNITUDE = 10**18
 MAX_ANSWERS = 100_000  # answers kept for retries; the oldest go first
 
-_BINARY: dict[type[ast.operator], Callable[[float, float], float]] = {
+# Exact where it can be: integers and ratios are Fractions (so 10**18 + 1 is not
+# 10**18), and only a fractional power leaves them, as a float.
+Number = Fraction | float
+
+_BINARY: dict[type[ast.operator], Callable[[Number, Number], Number]] = {
     ast.Add: operator.add,
     ast.Sub: operator.sub,
     ast.Mult: operator.mul,
@@ -51,9 +56,9 @@ _BINARY: dict[type[ast.operator], Callable[[float, float], float]] = {
     ast.Mod: operator.mod,
     ast.Pow: operator.pow,
 }
-_UNARY: dict[type[ast.unaryop], Callable[[float], float]] = {
-    ast.UAdd: operator.pos,
-    ast.USub: operator.neg,
+_UNARY: dict[type[ast.unaryop], Callable[[Number], Number]] = {
+    ast.UAdd: lambda x: x,
+    ast.USub: lambda x: -x,
 }
 
 
@@ -67,7 +72,7 @@ def find_tool_call(text: str) -> str | None:
     return match.group("expr").strip() if match else None
 
 
-def evaluate(expression: str) -> float:
+def evaluate(expression: str) -> Number:
     if len(expression) > MAX_EXPRESSION:
         raise CalcError(f"expression longer than {MAX_EXPRESSION} characters")
     try:
@@ -77,30 +82,36 @@ def evaluate(expression: str) -> float:
     return _eval(tree.body)
 
 
-def _eval(node: ast.expr) -> float:
+def _eval(node: ast.expr) -> Number:
     value = node.value if isinstance(node, ast.Constant) else None
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return _in_range(float(value))  # `1e400` parses as infinity
+    if isinstance(value, int) and not isinstance(value, bool):
+        return _in_range(Fraction(value))
+    if isinstance(value, float):
+        if not math.isfinite(value):  # `1e400` parses as infinity
+            raise CalcError("result out of range")
+        return _in_range(Fraction(repr(value)))  # 0.1 as written, not its binary value
     if isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
         return _UNARY[type(node.op)](_eval(node.operand))
     if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
         left, right = _eval(node.left), _eval(node.right)
-        if isinstance(node.op, ast.Pow) and abs(right) > MAX_EXPONENT:
+        if isinstance(node.op, ast.Pow) and abs(float(right)) > MAX_EXPONENT:
             raise CalcError(f"exponent above {MAX_EXPONENT}")
         try:
-            value = _BINARY[type(node.op)](left, right)
+            result = _BINARY[type(node.op)](left, right)
         except ZeroDivisionError:
             raise CalcError("division by zero") from None
         except OverflowError:  # float ** raises where * gives infinity
             raise CalcError("result out of range") from None
-        if isinstance(value, complex):
+        if isinstance(result, complex):
             raise CalcError("result out of range")
-        return _in_range(value)
+        return _in_range(result)
     raise CalcError(f"{type(node).__name__} is not allowed")
 
 
-def _in_range(value: float) -> float:
-    if not math.isfinite(value) or abs(value) > MAX_MAGNITUDE:
+def _in_range(value: Number) -> Number:
+    if isinstance(value, float) and not math.isfinite(value):
+        raise CalcError("result out of range")
+    if abs(Fraction(value)) > MAX_MAGNITUDE:
         raise CalcError("result out of range")
     return value
 
@@ -110,7 +121,10 @@ def observation(expression: str) -> str:
         value = evaluate(expression)
     except CalcError as e:
         return f"<result>error: {e}</result>"
-    shown = str(int(value)) if value.is_integer() else f"{value:.6g}"
+    if isinstance(value, Fraction) and value.denominator == 1:
+        shown = str(value.numerator)
+    else:
+        shown = f"{float(value):.6g}"
     return f"<result>{shown}</result>"
 
 

@@ -19,6 +19,9 @@ from cadence.worker.api import (
     ClaimRequest,
     Delivery,
     EvictResponse,
+    Fence,
+    FenceRequest,
+    FenceResponse,
     HostEvict,
     HostEvictMany,
     HostPlace,
@@ -71,6 +74,11 @@ class WorkerClient(ServiceClient):
         return WorkerState.model_validate(
             await self._call("POST", "/v1/advance", req, timeout_s=timeout_s)
         )
+
+    async def fence(self, items: list[Fence]) -> list[str]:
+        """Drop copies older than these attempts; the ids dropped."""
+        body = FenceRequest(items=items)
+        return FenceResponse.model_validate(await self._call("POST", "/v1/fence", body)).dropped
 
     async def drain(self) -> list[EvictResponse]:
         return _EVICTED.validate_python(await self._call("POST", "/v1/drain"))

@@ -29,7 +29,7 @@ import contextlib
 import hashlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -39,6 +39,7 @@ from cadence.worker.api import (
     ClaimRequest,
     Delivery,
     EvictResponse,
+    Fence,
     KvOffer,
     MoveCounts,
     MoveKind,
@@ -164,6 +165,10 @@ def _resident_state(request: EngineRequest | None) -> ResidentState:
 
 THROUGHPUT_WINDOW_S = 10.0
 MAX_STEP_FAILURES = 3  # failed engine steps in a row before the worker is broken
+# A worker with residents and no step for this long has stalled: the larger of a floor
+# (a loaded machine's slow steps are not stalls) and STALL_STEPS of its predicted step.
+STALL_MIN_S = 60.0
+STALL_STEPS = 100
 
 # Where a version's weights come from: the trainer, a peer, or a path.
 FetchWeights = Callable[[str], Awaitable[bytes]]
@@ -205,6 +210,14 @@ class WorkerCore:
     # MAX_STEP_FAILURES steps in a row); its health probe fails so the pod is restarted.
     broken: str | None = None
     _failed_steps: int = 0  # in a row
+    # One advance at a time, and no placement while it runs; one placement per trajectory.
+    _advancing: int | None = None  # the version being fetched and loaded
+    _placing: set[str] = field(default_factory=set)
+    # How long a step may take before the worker counts as stalled; None: derived.
+    stall_after_s: float | None = None
+    _stepped_at: float = 0.0  # the last step that decoded, or when work reached an idle engine
+    _decoded_at_step: int = 0
+    hold_decoding: bool = False  # a fault injected on purpose (SIGUSR1): nothing steps
     _waiting: set[asyncio.Task[None]] = field(default_factory=set)  # environment calls
     # (time, tokens decoded so far) after each step, over the last THROUGHPUT_WINDOW_S.
     _progress: collections.deque[tuple[float, int]] = field(default_factory=collections.deque)
@@ -262,6 +275,7 @@ class WorkerCore:
             kv_bytes_per_token=self.engine.kv_bytes_per_token or None,
             kv_link_bytes_per_s=self.engine.kv_link_bytes_per_s,
             moves=MoveCounts(**{k: self.counts[f"moves_{k}"] for k in MoveCounts.model_fields}),
+            stalled=self.stalled(),
         )
 
     @property
@@ -299,6 +313,18 @@ class WorkerCore:
                 f"{rid}: token id {worst} is outside the model's vocabulary ({vocab})",
             )
 
+    def _check_length(self, rid: str, prompt: int, max_tokens: int) -> None:
+        """Refuse a sample the model cannot hold, as vLLM refuses a request longer than
+        its positions: accepted, its prefill would occupy the engine and still fail."""
+        positions = self.engine.max_model_len
+        if positions is not None and prompt + max_tokens > positions:
+            raise Refused(
+                422,
+                "too_long",
+                f"{rid}: a {prompt}-token prompt and {max_tokens} tokens to generate exceed "
+                f"the model's {positions} positions",
+            )
+
     async def place(self, req: PlaceRequest) -> PlaceResponse:
         """Start a trajectory here: a fresh sample, or a departed one pulled from its source."""
         held = self.resident.get(req.id)
@@ -316,10 +342,24 @@ class WorkerCore:
                 "version",
                 f"{req.id} is for version {req.version}; this worker serves {self.version}",
             )
-        self._check_fence(req.id, req.attempt)
+        if self._advancing is not None:
+            raise Refused(409, "advancing", f"this worker is advancing to {self._advancing}")
+        if req.id in self._placing:
+            raise Refused(409, "placing", f"{req.id} is being placed here already")
+        # Every placement comes under a new attempt: one this worker has seen already is a
+        # replay (a retried call whose first landed, a stale copy of the plan).
+        seen = self.newest_attempt.get(req.id, -1)
+        if req.attempt <= seen:
+            raise Refused(
+                409, "stale_attempt", f"attempt {req.attempt} of {req.id} is not newer than {seen}"
+            )
         if held is not None:
             raise Refused(409, "resident", f"{req.id} is resident here under another attempt")
-        placed = await self._place(req)
+        self._placing.add(req.id)
+        try:
+            placed = await self._place(req)
+        finally:
+            self._placing.discard(req.id)
         self.newest_attempt[req.id] = max(req.attempt, self.newest_attempt.get(req.id, -1))
         return placed
 
@@ -327,6 +367,7 @@ class WorkerCore:
         if req.fresh is not None:
             f = req.fresh
             self._check_tokens(req.id, f.prompt_token_ids)
+            self._check_length(req.id, len(f.prompt_token_ids), f.max_tokens)
             held = Held(
                 req.id,
                 req.attempt,
@@ -443,6 +484,8 @@ class WorkerCore:
         if held.parked_since is not None:
             held.timings = held.timings_at(self.clock.now())
             held.parked_since = None
+        if not self.resident:
+            self._stepped_at = self.clock.now()
         self.resident[held.id] = held
         self.counts["placements"] += 1
 
@@ -477,6 +520,37 @@ class WorkerCore:
         return EvictResponse(
             id=rid, attempt=held.attempt, version=held.version, context=len(held.context_ids)
         )
+
+    def fence(self, items: Sequence[Fence]) -> list[str]:
+        """The ledger moved these trajectories on to a newer attempt (this worker was
+        taken for lost, or a placement here timed out and was re-queued): drop the copies
+        held here under older attempts, so they neither decode for nothing nor hold KV.
+        A parked copy that a newer attempt has claimed stays until it is released.
+        Returns the ids dropped."""
+        dropped = []
+        for f in items:
+            self.newest_attempt[f.id] = max(f.attempt, self.newest_attempt.get(f.id, -1))
+            held = self.resident.get(f.id)
+            if held is not None and held.attempt < f.attempt:
+                del self.resident[f.id]
+                self.engine.abort(f.id)
+                dropped.append(f.id)
+                continue
+            held = self.parked.get(f.id)
+            if held is None or held.attempt >= f.attempt or held.reason == "environment":
+                continue
+            if held.lease is not None and held.lease[1] >= f.attempt:
+                continue
+            del self.parked[f.id]
+            dropped.append(f.id)
+        if dropped:
+            self.counts["fenced"] += len(dropped)
+            log.warning(
+                "worker %s: dropped %s, superseded by newer attempts",
+                self.identity.worker_id,
+                ", ".join(dropped),
+            )
+        return dropped
 
     def _absorb(self, held: Held, request: EngineRequest) -> None:
         out = request.output
@@ -539,10 +613,20 @@ class WorkerCore:
             if self.weights[2] != req.sha256:
                 raise Refused(409, "checksum", f"version {req.version} is held with another sha256")
             return self.state()
-        if self.resident:
-            raise Refused(409, "residents", f"{len(self.resident)} trajectories are resident")
+        if self._advancing is not None:
+            raise Refused(409, "advancing", f"this worker is advancing to {self._advancing}")
+        if self.resident or self._placing:
+            busy = len(self.resident) + len(self._placing)
+            raise Refused(409, "residents", f"{busy} trajectories are resident or being placed")
         if self.version is not None and req.version < self.version:
             raise Refused(409, "backwards", f"this worker serves {self.version} already")
+        self._advancing = req.version
+        try:
+            return await self._advance(req)
+        finally:
+            self._advancing = None
+
+    async def _advance(self, req: AdvanceRequest) -> WorkerState:
         if self.fetch_weights is None or self.weights_dir is None:
             raise Refused(409, "no_weights", "this worker was started without a weights store")
         try:
@@ -591,6 +675,11 @@ class WorkerCore:
         self._failed_steps = 0
         self._count_pulls()
         now = self.clock.now()
+        # Progress is tokens, not calls: vLLM's step returns after a short wait whether
+        # or not its engine produced anything.
+        if finished or self.engine.decoded_tokens != self._decoded_at_step:
+            self._stepped_at = now
+            self._decoded_at_step = self.engine.decoded_tokens
         self._progress.append((now, self.engine.decoded_tokens))
         while self._progress and self._progress[0][0] < now - THROUGHPUT_WINDOW_S:
             self._progress.popleft()
@@ -637,6 +726,7 @@ class WorkerCore:
                 self.engine.abort(rid)
         self.counts["step_failures"] += 1
         self._failed_steps += 1
+        self._stepped_at = self.clock.now()
         log.error(
             "worker %s: a decode step failed (%r); dropped %s for re-queueing",
             self.identity.worker_id,
@@ -646,6 +736,36 @@ class WorkerCore:
         if self._failed_steps >= MAX_STEP_FAILURES:
             self.broken = f"the engine failed {self._failed_steps} steps in a row: {error!r}"
         return dropped
+
+    def stall_bound_s(self) -> float:
+        """How long the current residents' next step may take before it is a stall."""
+        if self.stall_after_s is not None:
+            return self.stall_after_s
+        cost = self.engine.step_cost
+        if cost is None:
+            return STALL_MIN_S
+        waiting = sum(r.context for r in self.engine.requests.values() if not r.prefilled)
+        predicted = (
+            cost.weights_s
+            + cost.overhead_s
+            + cost.seq_s * len(self.resident)
+            + cost.kv_token_s * self.engine.used_tokens()
+            + cost.prefill_token_s * waiting
+        )
+        return max(STALL_MIN_S, STALL_STEPS * predicted)
+
+    def stalled(self) -> str | None:
+        """Why decoding is stalled (residents, and no step within the bound), or None."""
+        if not self.resident:
+            return None
+        quiet = self.clock.now() - self._stepped_at
+        bound = self.stall_bound_s()
+        if quiet <= bound:
+            return None
+        return (
+            f"{len(self.resident)} trajectories resident and no decode step for "
+            f"{quiet:.0f} s (the bound is {bound:.0f} s)"
+        )
 
     def throughput(self) -> float:
         """Tokens decoded per second over the last THROUGHPUT_WINDOW_S of steps."""

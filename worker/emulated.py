@@ -56,6 +56,8 @@ class TokenSource(Protocol):
     @property
     def vocab_size(self) -> int | None: ...  # token ids it can read, if it knows
 
+    # A source may also have `max_model_len`, the positions its model embeds.
+
 
 @dataclass
 class Pacer:
@@ -155,6 +157,10 @@ class EmulatedEngine:
     @property
     def vocab_size(self) -> int | None:
         return self.source.vocab_size
+
+    @property
+    def max_model_len(self) -> int | None:
+        return getattr(self.source, "max_model_len", None)
 
     @property
     def max_seqs(self) -> int:

@@ -122,6 +122,9 @@ class Engine(Protocol):
     def vocab_size(self) -> int | None: ...  # token ids the model embeds, if known
 
     @property
+    def max_model_len(self) -> int | None: ...  # positions a sequence may take, if known
+
+    @property
     def transfer_layout(self) -> str | None: ...  # its KV layout, if it can move KV
 
     @property

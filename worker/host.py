@@ -51,6 +51,9 @@ def create_host_app(cores: dict[str, WorkerCore], token: str) -> FastAPI:
         broken = [f"{wid}: {core.broken}" for wid, core in cores.items() if core.broken]
         if broken:
             return web.problem(503, "broken", "; ".join(broken))
+        stalled = [f"{wid}: {why}" for wid, core in cores.items() if (why := core.stalled())]
+        if stalled:
+            return web.problem(503, "stalled", "; ".join(stalled))
         return JSONResponse({"status": "ok", "workers": sorted(cores)})
 
     @host.get("/v1/states", dependencies=guarded)

@@ -13,6 +13,8 @@ the environment) trust the CA bundle `CADENCE_CA_FILE` names.
 from __future__ import annotations
 
 import asyncio
+import logging
+import signal
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -36,6 +38,8 @@ from cadence.worker.outbox import Outbox
 from cadence.worker.tools import HttpEnvironment, ToolUse
 from cadence.worker.torchsource import TorchTokenSource
 from cadence.worker.vllm_engine import KV_BLOCK, KvTransfer, VllmEngine
+
+log = logging.getLogger("cadence.worker")
 
 # Where `cadence worker` makes its tiny model when no --model-path is given.
 DEFAULT_MODEL_DIR = Path.home() / ".cache" / "cadence" / "tiny-llama"
@@ -61,6 +65,7 @@ class WorkerOptions:
     weights_dir: Path | None = None
     weights_from: Path | None = None  # a directory `advance` may read weights files from
     grace_s: float = 30.0
+    stall_after_s: float | None = None  # None: derived from the step-time model
     engine: Literal["emulated", "vllm"] = "emulated"
     max_model_len: int = 2048  # vllm: the longest context it serves
     # vllm: the KV cache in tokens, whatever memory is free (`cadence run` pins a CPU
@@ -209,6 +214,7 @@ def build(options: WorkerOptions) -> WorkerCore:
         outbox=outbox,
         tools=tools,
         eos_token_id=vocabulary.eos_token_id,
+        stall_after_s=options.stall_after_s,
     )
 
 
@@ -264,9 +270,24 @@ class _DrainingServer(uvicorn.Server):
         self.should_exit = True
 
 
+def _hold_on_sigusr1(cores: list[WorkerCore]) -> None:
+    """SIGUSR1 holds decoding in this process, and the next one lets it go: a hung engine
+    on demand, which `cadence run --chaos-targets stall` deals out. The worker goes on
+    answering; its stall shows in `/v1/state` and `/healthz` once past its bound."""
+
+    def toggle() -> None:
+        for core in cores:
+            core.hold_decoding = not core.hold_decoding
+        held = cores[0].hold_decoding if cores else False
+        log.warning("SIGUSR1: decoding %s", "held" if held else "released")
+
+    asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, toggle)
+
+
 def serve(options: WorkerOptions) -> None:
     async def run() -> None:
         core = build(options)  # vLLM's engine binds to the loop it starts on
+        _hold_on_sigusr1([core])
         app = create_app(core, options.token)
         config = uvicorn.Config(
             app,
@@ -293,6 +314,7 @@ def serve_host(workers: list[WorkerOptions], *, host: str, port: int, grace_s: f
 
     async def run() -> None:
         cores = {o.worker_id: build(o) for o in workers}
+        _hold_on_sigusr1(list(cores.values()))
         app = create_host_app(cores, workers[0].token)
         tls = workers[0]
         config = uvicorn.Config(

@@ -91,6 +91,8 @@ class TorchTokenSource:
         self._cache_arg = "cache" if "cache" in forward else "past_key_values"
         self.eos_token_id: int | None = self.model.config.eos_token_id
         self.vocab_size: int | None = int(self.model.config.vocab_size)
+        positions = getattr(self.model.config, "max_position_embeddings", None)
+        self.max_model_len: int | None = int(positions) if positions else None
         self._cache: dict[str, tuple[int, Layers]] = {}  # id -> (tokens in cache, KV)
         # A step runs in a thread while the worker's event loop evicts: a cache forgotten
         # mid-step is dropped when the step ends, never under it.

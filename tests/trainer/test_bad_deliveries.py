@@ -7,6 +7,7 @@ trainer's health; a sample re-queued MAX_REQUEUES times ends failed instead of c
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -73,6 +74,17 @@ def test_a_delivery_the_model_cannot_take_is_refused_and_the_sample_stays_in_fli
     assert r.status_code == 422 and r.json() == {"error": says, "reason": "invalid_delivery"}
     assert trainer.ledger.sample("g0-s0").state == "fresh"
     assert trainer.ledger.arrivals() == {"invalid": 1}
+
+
+def test_a_positive_logprob_or_a_huge_attempt_is_refused(trainer: Trainer) -> None:
+    body = _good(trainer, "g0-s0")
+    body["turns"][0]["logprobs"] = [1e308, -1.0]
+    r = _call(trainer, "POST", "/v1/trajectories", body)
+    assert r.status_code == 422 and "logprobs" in r.json()["error"]
+    record = {"attempt": 2**63, "state": "placed", "worker": "w"}
+    r = _call(trainer, "POST", "/v1/samples/g0-s0/record", record)
+    assert r.status_code == 422 and r.json()["error"].startswith("attempt:")
+    assert trainer.ledger.sample("g0-s0").state == "fresh"
 
 
 def test_nan_logprobs_or_a_nan_finish_time_are_refused_naming_the_field(trainer: Trainer) -> None:
@@ -169,3 +181,14 @@ def test_requeues_for_lost_workers_never_end_a_sample(trainer: Trainer) -> None:
     assert trainer.ledger.sample("g0-s0").state == "fresh"
     r = _call(trainer, "POST", "/v1/samples/g0-s0/requeue", {"fault": "nobody's"})
     assert r.status_code == 422
+
+
+def test_a_full_disk_is_503_so_the_worker_keeps_the_delivery_and_retries(
+    trainer: Trainer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def full(*_: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(trainer, "ingest", full)
+    r = _call(trainer, "POST", "/v1/trajectories", _good(trainer, "g0-s0"))
+    assert r.status_code == 503 and r.json()["reason"] == "disk_full"

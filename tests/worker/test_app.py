@@ -141,3 +141,24 @@ def test_metrics_and_probes_are_open() -> None:
     assert _raw(router, "GET", "/readyz").status_code == 200
     a.drain()
     assert _raw(router, "GET", "/readyz").status_code == 503
+
+
+def test_a_refusal_quotes_a_long_id_clipped() -> None:
+    router = Router()
+    _worker(router, "a", FakeClock())
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    r = _raw(router, "POST", f"/v1/trajectories/{'x' * 10_000}/evict", headers=auth)
+    assert r.status_code == 404 and len(r.json()["error"]) <= 400
+
+
+def test_a_body_that_repeats_a_key_is_refused_naming_it() -> None:
+    """Two parsers could read `{"attempt": 0, "attempt": 5}` two ways; it is refused."""
+    router = Router()
+    core = _worker(router, "a", FakeClock())
+    auth = {"Authorization": f"Bearer {TOKEN}", "content-type": "application/json"}
+    body = '{"id": "t", "attempt": 0, "version": 0, "attempt": 5, "fresh": ' + (
+        '{"prompt_token_ids": [1, 2], "max_tokens": 4}}'
+    )
+    r = _raw(router, "POST", "/v1/trajectories", content=body, headers=auth)
+    assert r.status_code == 422 and "duplicate key 'attempt'" in r.json()["error"]
+    assert core.resident == {}

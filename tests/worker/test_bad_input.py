@@ -125,6 +125,23 @@ def test_an_attempt_beyond_64_bits_is_refused() -> None:
     assert r.status_code == 422 and r.json()["error"].startswith("attempt:")
 
 
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"attempt": "0"}, "attempt"),  # a string is not a number
+        ({"attempt": True}, "attempt"),  # nor is a boolean
+        ({"attempt": 2**31}, "attempt"),  # a re-queue of it would overflow the ledger
+        ({"version": "0"}, "version"),
+    ],
+)
+def test_numbers_are_strict_json_numbers_within_bounds(change: dict[str, Any], field: str) -> None:
+    core = _core(CountingSource())
+    body = fresh("t").model_dump(mode="json") | change
+    r = _post(create_app(core, TOKEN, run_decode_loop=False), "/v1/trajectories", body)
+    assert r.status_code == 422 and r.json()["error"].startswith(f"{field}:")
+    assert core.resident == {}
+
+
 def test_a_refused_placement_does_not_raise_the_fence() -> None:
     """A placement refused (here: the wrong version) leaves the trajectory's fence where
     it was, so the next real attempt, lower than the refused one, still starts."""
@@ -132,7 +149,7 @@ def test_a_refused_placement_does_not_raise_the_fence() -> None:
 
     async def go() -> None:
         with pytest.raises(Refused, match="version"):
-            await core.place(fresh("t", attempt=2**62, version=3))
+            await core.place(fresh("t", attempt=2**30, version=3))
         await core.place(fresh("t", attempt=1))
 
     asyncio.run(go())

@@ -39,6 +39,10 @@ def test_tool_calls_are_found_in_model_text(text: str, expression: str | None) -
         ("__import__('os').system('true')", "<result>error: Call is not allowed</result>"),
         ("x + 1", "<result>error: Name is not allowed</result>"),
         ("1 +", "<result>error: not an arithmetic expression</result>"),
+        # Exact, not in floats: 10**17 + 1 keeps its last digit; 10**18 + 1 is past the bound.
+        ("10**17 + 1", "<result>100000000000000001</result>"),
+        ("10**18 + 1", "<result>error: result out of range</result>"),
+        ("0.1 + 0.2", "<result>0.3</result>"),
     ],
 )
 def test_only_arithmetic_is_evaluated(expression: str, shown: str) -> None:

@@ -7,7 +7,7 @@ import itertools
 
 import pytest
 
-from cadence.worker.api import PlaceRequest, ReleaseRequest
+from cadence.worker.api import ClaimRequest, Fence, PlaceRequest, ReleaseRequest
 from cadence.worker.core import Refused, WorkerCore
 
 from .factories import Pool, fresh, moved
@@ -95,7 +95,7 @@ def test_a_retried_placement_is_idempotent_and_an_older_attempt_is_refused() -> 
     assert asyncio.run(a.place(fresh("t", attempt=3))) == first
     assert len(a.engine.requests) == 1
     a.evict("t")
-    with pytest.raises(Refused, match="older") as e:
+    with pytest.raises(Refused, match="not newer") as e:
         asyncio.run(a.place(fresh("t", attempt=2)))
     assert e.value.reason == "stale_attempt"
 
@@ -200,3 +200,29 @@ def test_an_eviction_that_finds_the_last_token_decoded_ends_the_trajectory_there
     assert "t" not in a.parked and "t" not in a.resident
     delivered = a.finished.pop()
     assert sum(len(turn.token_ids) for turn in delivered.turns) == 5
+
+
+def test_a_fence_drops_copies_under_older_attempts_and_keeps_current_and_claimed_ones() -> None:
+    pool = Pool()
+    a = pool.add("a")
+    for rid in ("old", "current", "parked"):
+        asyncio.run(a.place(fresh(rid, max_tokens=40)))
+    _steps(a, 2)
+    a.evict("parked")
+    a.evict("current")
+    asyncio.run(a.claim("current", ClaimRequest(attempt=3, destination="b")))
+
+    fences = [
+        Fence(id="old", attempt=1),
+        Fence(id="current", attempt=3),  # leased to attempt 3: kept until released
+        Fence(id="parked", attempt=2),
+    ]
+    dropped = a.fence(fences)
+
+    assert sorted(dropped) == ["old", "parked"]
+    assert "old" not in a.resident and "parked" not in a.parked and "current" in a.parked
+    assert a.counts["fenced"] == 2
+    assert a.engine.requests.get("old") is None, "its KV is freed"
+    with pytest.raises(Refused) as refused:
+        asyncio.run(a.place(fresh("old", max_tokens=40)))  # a replay of attempt 0
+    assert refused.value.reason == "stale_attempt"

@@ -49,7 +49,7 @@ def test_a_dead_destinations_claim_is_superseded_by_the_next_attempt(
         "id": "t",
         "attempt": 0,
         "version": 0,
-        "fresh": {"prompt_token_ids": [5, 6, 7, 8], "max_tokens": 100_000},
+        "fresh": {"prompt_token_ids": [5, 6, 7, 8], "max_tokens": 4_000},
     }
     assert httpx.post(f"{a}/v1/trajectories", json=fresh, headers=AUTH).status_code == 200
     eventually(lambda: _generated(a) > 0, timeout_s=60, what="t decoding on a")

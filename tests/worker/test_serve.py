@@ -90,7 +90,7 @@ def test_the_worker_serves_and_drains_on_sigterm(tiny_model: Path, tmp_path: Pat
             "id": "t",
             "attempt": 0,
             "version": 0,
-            "fresh": {"prompt_token_ids": [1, 2, 3], "max_tokens": 100000},
+            "fresh": {"prompt_token_ids": [1, 2, 3], "max_tokens": 4000},
         }
         assert httpx.post(f"{base}/v1/trajectories", json=body, headers=auth).status_code == 200
         proc.send_signal(signal.SIGTERM)
@@ -101,6 +101,54 @@ def test_the_worker_serves_and_drains_on_sigterm(tiny_model: Path, tmp_path: Pat
         )
         assert state["draining"] and [p["id"] for p in state["parked"]] == ["t"]
         assert httpx.get(f"{base}/readyz").status_code == 503
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+
+
+@pytest.mark.slow
+def test_sigusr1_holds_decoding_and_the_stall_shows_in_health_until_released(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    """The stall fault `--chaos-targets stall` deals: the worker goes on answering, and
+    once its residents decode nothing for --stall-after-s its health says so."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [
+            *(*CADENCE, "worker", "--model-path", str(tiny_model), "--port", str(port)),
+            *("--id", "w0", "--stall-after-s", "1", "--grace-s", "1"),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        cwd=tmp_path,
+        env={**os.environ, "CADENCE_TOKEN": "s3cret"},
+    )
+    try:
+        base = f"http://127.0.0.1:{port}"
+        wait_healthy([base], [proc], within_s=60)
+        auth = {"Authorization": "Bearer s3cret"}
+        proc.send_signal(signal.SIGUSR1)
+        body = {
+            "id": "t",
+            "attempt": 0,
+            "version": 0,
+            "fresh": {"prompt_token_ids": [1, 2, 3], "max_tokens": 4000},
+        }
+        assert httpx.post(f"{base}/v1/trajectories", json=body, headers=auth).status_code == 200
+        answer = eventually(
+            lambda: (r := httpx.get(f"{base}/healthz")).status_code == 503 and r,
+            timeout_s=60,
+            what="the health probe saying the worker stalled",
+        )
+        assert answer.json()["reason"] == "stalled"
+        state = httpx.get(f"{base}/v1/state", headers=auth).json()
+        assert state["stalled"] and state["residents"][0]["generated"] == 0
+        proc.send_signal(signal.SIGUSR1)
+        eventually(
+            lambda: httpx.get(f"{base}/healthz").status_code == 200,
+            timeout_s=60,
+            what="the worker decoding again",
+        )
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=30)
