@@ -51,6 +51,17 @@ def at_least(minimum: int) -> Callable[[str], int]:
     return parse
 
 
+def positive_seconds(text: str) -> float:
+    """An argparse type: a positive, finite number of seconds."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0.0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text} s must be positive and finite")
+    return value
+
+
 def read_json(path: Path, what: str) -> object:
     """The JSON in `path`, or a UsageError naming it as `what` (e.g. "snapshot")."""
     try:

@@ -10,18 +10,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from cadence.cli.common import Commands, RunFailed, UsageError, at_least
-
-
-def _seconds(text: str) -> float:
-    """An argparse type: a positive, finite number of seconds."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not 0.0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"{text} s must be positive and finite")
-    return value
+from cadence.cli.common import Commands, RunFailed, UsageError, at_least, positive_seconds
 
 
 def _cmd_operator(args: argparse.Namespace) -> int:
@@ -88,7 +77,7 @@ def add_operator(sub: Commands) -> None:
     op.add_argument("--health-port", type=at_least(1), default=8080)
     op.add_argument(
         "--resync-s",
-        type=_seconds,
+        type=positive_seconds,
         default=5.0,
         help="reconcile every object at least this often, seconds (default 5): what "
         "notices changes no handler is called for (a pool released, a pod gone)",

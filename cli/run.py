@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 from rich.console import Console
 
 from cadence.cli.common import PROG, Commands, RunFailed, UsageError, at_least
+from cadence.common.statelock import StateInUse, StateLock
 from cadence.operator.scheduler.registry import POLICIES
 
 T = TypeVar("T")
@@ -113,6 +114,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from cadence.operator.local import run as local  # noqa: PLC0415
 
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="cadence-run-"))
+    try:  # held until this command exits: one run per work directory
+        lock = StateLock(workdir / "run.lock", f"the work directory {workdir}")
+    except StateInUse as e:
+        raise UsageError(f"{e}; give another --workdir") from None
     for name in policies:
         folder = workdir if len(policies) == 1 else workdir / str(name)
         if (folder / "trainer").exists():
@@ -153,6 +158,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if args.json is not None:
         args.json.write_text(json.dumps(document, indent=2) + "\n")
     print(json.dumps(document), flush=True)
+    lock.release()
     return 0
 
 
@@ -207,8 +213,8 @@ def add_run(sub: Commands) -> None:
     rn.add_argument(
         "--chaos-targets",
         metavar="T,...",
-        help="what --chaos strikes, of workers (the default), trainer and environment "
-        "(a multi-turn run's calculator)",
+        help="what --chaos strikes, of workers (the default), trainer, environment "
+        "(a multi-turn run's calculator) and freeze (SIGSTOP a worker host for 5-60 s)",
     )
     rn.add_argument("--seed", type=int, default=0, help="seeds the trainer and --chaos")
     rn.add_argument(

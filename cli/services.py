@@ -20,7 +20,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from cadence.cli.common import Commands, UsageError, at_least
+from cadence.cli.common import Commands, UsageError, at_least, positive_seconds
 
 
 def _cmd_worker(args: argparse.Namespace) -> int:
@@ -46,6 +46,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
             weights_dir=args.weights_dir,
             weights_from=args.weights_from,
             grace_s=args.grace_s,
+            stall_after_s=args.stall_after_s,
             engine=args.engine,
             max_model_len=args.max_model_len,
             kv_tokens=args.kv_tokens,
@@ -120,8 +121,7 @@ def _cmd_trainer(args: argparse.Namespace) -> int:
         tls = {"tls_cert": args.tls_cert, "tls_key": args.tls_key}
         if args.config is not None:
             config = _trainer_config(args.config)
-            serve(config, token, host=args.host, port=args.port, **tls)
-            return 0
+            return _serve_trainer(serve, config, token, args, tls)
         if args.model_path is None or args.state_dir is None:
             raise UsageError("give --model-path and --state-dir, or --config")
         if not (args.model_path / "config.json").is_file():
@@ -144,7 +144,22 @@ def _cmd_trainer(args: argparse.Namespace) -> int:
         first = e.errors()[0]
         where = ".".join(str(p) for p in first["loc"])
         raise UsageError(f"--{where.replace('_', '-')}: {first['msg']}") from None
-    serve(config, token, host=args.host, port=args.port, **tls)
+    return _serve_trainer(serve, config, token, args, tls)
+
+
+def _serve_trainer(
+    serve: Any, config: Any, token: str, args: argparse.Namespace, tls: dict[str, Any]
+) -> int:
+    """Serve until stopped; a state directory that is in use or cannot be trusted is a
+    refusal in one sentence, not a traceback."""
+    from cadence.common.statelock import StateInUse  # noqa: PLC0415
+    from cadence.trainer.ledger import LedgerError  # noqa: PLC0415
+    from cadence.trainer.trainer import StateDamaged  # noqa: PLC0415
+
+    try:
+        serve(config, token, host=args.host, port=args.port, **tls)
+    except (StateInUse, StateDamaged, LedgerError) as e:
+        raise UsageError(str(e)) from None
     return 0
 
 
@@ -231,6 +246,12 @@ def add_worker(sub: Commands) -> None:
     )
     w.add_argument("--token-file", type=Path, help="file holding the bearer token")
     w.add_argument("--grace-s", type=float, default=30.0, help="drain grace period")
+    w.add_argument(
+        "--stall-after-s",
+        type=positive_seconds,
+        help="residents and nothing decoded this long is a stall (health 503); default: "
+        "the larger of 60 s and 100 predicted steps",
+    )
     w.add_argument(
         "--engine",
         choices=["emulated", "vllm"],

@@ -20,16 +20,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import functools
 import hmac
+import json
 import os
+import sqlite3
 import ssl
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import httpx
-from fastapi import Depends, FastAPI, Request
+from fastapi import Depends, FastAPI, Request, Response
 from fastapi.dependencies.models import Dependant
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -72,7 +75,9 @@ class Refusal(Exception):
 
 
 def problem(status: int, reason: str, message: str) -> JSONResponse:
-    return JSONResponse(Problem(error=message, reason=reason).model_dump(), status_code=status)
+    """A refusal's answer: one sentence, clipped (it may quote an id from the path)."""
+    body = Problem(error=_clip(message, 2 * _SENTENCE), reason=reason)
+    return JSONResponse(body.model_dump(), status_code=status)
 
 
 def _unauthorised() -> JSONResponse:
@@ -176,6 +181,9 @@ def _invalid(errors: Sequence[Mapping[str, Any]]) -> str:
     first = errors[0] if errors else {}
     where = ".".join(_clip(str(p), _PART) for p in first.get("loc", ()) if p != "body")
     message = str(first.get("msg", "invalid"))
+    if first.get("type") == "json_invalid":  # what was wrong with it, not only that it was
+        message = f"{message}: {first.get('ctx', {}).get('error', 'malformed')}"
+        where = ""
     given = first.get("input")
     if isinstance(given, str) and len(given) > 8 and given in message:
         message = message.replace(given, "the value given")
@@ -193,12 +201,45 @@ def _close_docs(app: FastAPI) -> None:
 _REASONS = {400: "bad_request", 404: "not_found", 405: "method_not_allowed"}
 
 
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    seen: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in seen:
+            # A body two readers could read two ways (the last key wins in one parser,
+            # the first in another) is refused, not guessed at.
+            raise json.JSONDecodeError(f"duplicate key {_clip(key, _PART)!r}", "", 0)
+        seen[key] = value
+    return seen
+
+
+class _StrictJsonRequest(Request):
+    async def json(self) -> Any:
+        if not hasattr(self, "_json"):
+            self._json = json.loads(await self.body(), object_pairs_hook=_unique_keys)
+        return self._json
+
+
+class _StrictJsonRoute(APIRoute):
+    """Routes whose JSON bodies may not repeat a key."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def strict(request: Request) -> Response:
+            return await handler(_StrictJsonRequest(request.scope, request.receive))
+
+        return strict
+
+
 def install(app: FastAPI, token: str, refusals: tuple[type[Exception], ...] = ()) -> Any:
     """Install the token and size gate and the error handlers on `app`, and close its API
     docs; returns the dependency list that guards a control endpoint with the bearer
     token (the gate refuses a request for such an endpoint before reading its body)."""
     if not token:
         raise ValueError("a bearer token is required")
+    if app.router.routes and any(isinstance(r, APIRoute) for r in app.router.routes):
+        raise ValueError("install the gate before the app's routes")
+    app.router.route_class = _StrictJsonRoute
     _close_docs(app)
 
     def authorised(request: Request) -> None:
@@ -217,6 +258,15 @@ def install(app: FastAPI, token: str, refusals: tuple[type[Exception], ...] = ()
     @app.exception_handler(RequestValidationError)
     async def invalid(_: Request, e: RequestValidationError) -> JSONResponse:
         return problem(422, "invalid", _invalid(e.errors()))
+
+    @app.exception_handler(OSError)
+    @app.exception_handler(sqlite3.OperationalError)
+    async def storage(_: Request, e: Exception) -> JSONResponse:
+        """A full disk is the service's trouble, for now: 503, so callers retry (a worker's
+        outbox keeps the delivery). Any other error stays a 500."""
+        if getattr(e, "errno", None) == errno.ENOSPC or "disk is full" in str(e):
+            return problem(503, "disk_full", "the service's disk is full; retry later")
+        raise e
 
     @app.exception_handler(HTTPException)
     async def http_error(_: Request, e: HTTPException) -> JSONResponse:

@@ -179,13 +179,14 @@ def create_app(trainer: Trainer, token: str, *, train: bool = True) -> FastAPI:
     @app.get("/v1/version")
     async def version() -> VersionInfo:
         v = trainer.ledger.version
+        await asyncio.to_thread(trainer.published, v)
         return VersionInfo(
             version=v, sha256=trainer.store.sha256(v), weights_path=f"/v1/weights/{v}"
         )
 
     @app.get("/v1/versions/{v}")
     async def version_of(v: int) -> VersionInfo:
-        if not trainer.store.has(v):
+        if not await asyncio.to_thread(trainer.published, v):
             raise web.Refusal(404, "no_weights", f"version {v} is not kept")
         return VersionInfo(
             version=v, sha256=trainer.store.sha256(v), weights_path=f"/v1/weights/{v}"
@@ -193,7 +194,7 @@ def create_app(trainer: Trainer, token: str, *, train: bool = True) -> FastAPI:
 
     @app.get("/v1/weights/{v}", dependencies=guarded)
     async def weights(v: int) -> FileResponse:
-        if not trainer.store.has(v):
+        if not await asyncio.to_thread(trainer.published, v):
             raise web.Refusal(404, "no_weights", f"version {v} is not kept")
         return FileResponse(trainer.store.path(v), media_type="application/octet-stream")
 

@@ -14,7 +14,9 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import logging
 import math
+import sqlite3
 import threading
 import time
 from pathlib import Path
@@ -24,6 +26,7 @@ import torch
 from safetensors.torch import load
 from transformers import AutoModelForCausalLM
 
+from cadence.common.statelock import StateLock
 from cadence.common.vocabulary import Vocabulary
 from cadence.trainer.config import TrainerConfig
 from cadence.trainer.grpo import (
@@ -39,6 +42,8 @@ from cadence.trainer.task import TASKS
 from cadence.trainer.weights import WeightStore, load_optimizer, save_optimizer
 from cadence.worker.api import Delivery
 
+log = logging.getLogger("cadence.trainer")
+
 
 class Trainer:
     def __init__(self, config: TrainerConfig) -> None:
@@ -46,12 +51,12 @@ class Trainer:
         self.external = config.task == "external"
         self.task = TASKS["digits" if self.external else config.task]
         config.state_dir.mkdir(parents=True, exist_ok=True)
-        self.ledger = Ledger(
-            config.state_dir / "ledger.db",
-            group_size=config.group_size,
-            batch_groups=config.batch_groups,
+        self.state_lock = StateLock(
+            config.state_dir / "trainer.lock", f"the trainer state directory {config.state_dir}"
         )
+        self.ledger = _open_ledger(config)
         self.store = WeightStore(config.state_dir / "weights")
+        _check_agreement(self.ledger, self.store, config, external=self.external)
         self.vocabulary = Vocabulary(config.model_path)
         model: Any = AutoModelForCausalLM.from_pretrained(config.model_path, dtype=torch.float32)
         self.model: Any = model.eval()
@@ -59,6 +64,7 @@ class Trainer:
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=config.learning_rate)
         self.vocab_size = int(self.model.config.vocab_size)
         self.lock = threading.Lock()  # the ledger's connection is used from two threads
+        self.model_lock = threading.Lock()  # the model between an update and its publication
         # Why the last update failed, until one succeeds: the trainer's health says so.
         self.broken: str | None = None
         version = self.ledger.version
@@ -66,7 +72,8 @@ class Trainer:
             self.store.publish(self.model, 0)
         else:
             self.store.load_into(self.model, version)
-            load_optimizer(self.optimizer, self.model, self._optimizer_path(version))
+            if not self.external:  # an external trainer keeps its own optimizer
+                load_optimizer(self.optimizer, self.model, self._optimizer_path(version))
         self.store.retain(self._kept())
         self._prompts = self.task.prompts(config.seed)
         for _ in range(self.ledger.cursor):  # the stream resumes where admission stopped
@@ -181,18 +188,34 @@ class Trainer:
             advantages=self.config.advantages,
         )
         started = time.perf_counter()
-        stats = self._update(u, batch, config)
-        self.store.publish(self.model, u + 1)
-        save_optimizer(self.optimizer, self.model, self._optimizer_path(u + 1))
-        # The update's wall time (train, publish, save) goes with its statistics: the
-        # simulator takes it as the trainer's cost (`cadence bench agreement`).
-        recorded = {**dataclasses.asdict(stats), "seconds": time.perf_counter() - started}
-        with self.lock:
-            self.ledger.consume(u, u + 1, json.dumps(recorded))
-            self.store.retain(self._kept())
-            for old in range(u + 1):
-                self._optimizer_path(old).unlink(missing_ok=True)
+        with self.model_lock:
+            stats = self._update(u, batch, config)
+            self.store.publish(self.model, u + 1)
+            save_optimizer(self.optimizer, self.model, self._optimizer_path(u + 1))
+            # The update's wall time (train, publish, save) goes with its statistics: the
+            # simulator takes it as the trainer's cost (`cadence bench agreement`).
+            recorded = {**dataclasses.asdict(stats), "seconds": time.perf_counter() - started}
+            with self.lock:
+                self.ledger.consume(u, u + 1, json.dumps(recorded))
+                self.store.retain(self._kept())
+                for old in range(u + 1):
+                    self._optimizer_path(old).unlink(missing_ok=True)
         return stats
+
+    def published(self, version: int) -> bool:
+        """Whether `version` is on disk; the current one is written again from the model
+        in memory if it went missing (its directory deleted under the running trainer),
+        so the pool is never left without the weights it must advance to."""
+        if self.store.has(version):
+            return True
+        with self.model_lock:
+            if version != self.ledger.version or self.store.has(version):
+                return self.store.has(version)
+            log.warning("the weights of version %d went missing; writing them again", version)
+            self.store.publish(self.model, version)
+            if not self.external:
+                save_optimizer(self.optimizer, self.model, self._optimizer_path(version))
+        return True
 
     def _update(self, u: int, batch: list[Scored], config: UpdateConfig) -> UpdateStats:
         """Train batch `u`. If the update fails (raises, or its loss is not finite), the
@@ -248,19 +271,76 @@ class Trainer:
                 raise LedgerError(f"the next version is {u + 1}, not {version}")
             if not self.complete(u):
                 raise LedgerError(f"batch {u} is not complete")
-        try:
-            self.model.load_state_dict(load(data), strict=True)
-        except Exception as e:
-            raise LedgerError(f"the weights do not fit the model: {e}") from None
-        self.store.publish(self.model, version)
-        with self.lock:
-            self.ledger.consume(u, version, json.dumps({"external": True}))
-            self.store.retain(self._kept())
+        with self.model_lock:
+            try:
+                self.model.load_state_dict(load(data), strict=True)
+            except Exception as e:
+                raise LedgerError(f"the weights do not fit the model: {e}") from None
+            self.store.publish(self.model, version)
+            with self.lock:
+                self.ledger.consume(u, version, json.dumps({"external": True}))
+                self.store.retain(self._kept())
 
     def reward_by_version(self) -> dict[int, float]:
         """Mean reward of the samples each version generated, oldest first."""
         with self.lock:
             return self.ledger.reward_by_version()
+
+
+class StateDamaged(RuntimeError):
+    """The state directory cannot be trusted: a damaged ledger, or a ledger and weights
+    that disagree. The trainer refuses to start rather than serve version 0 beside a
+    newer policy, or train on a ledger it cannot read."""
+
+
+def _open_ledger(config: TrainerConfig) -> Ledger:
+    path = config.state_dir / "ledger.db"
+    try:
+        ledger = Ledger(path, group_size=config.group_size, batch_groups=config.batch_groups)
+        check = ledger.db.execute("PRAGMA quick_check").fetchone()
+    except sqlite3.DatabaseError as e:
+        raise StateDamaged(
+            f"the ledger {path} is damaged ({e}); restore it from a backup"
+        ) from None
+    if check is None or check[0] != "ok":
+        ledger.close()
+        raise StateDamaged(f"the ledger {path} fails its integrity check ({check and check[0]})")
+    return ledger
+
+
+def _check_agreement(
+    ledger: Ledger, store: WeightStore, config: TrainerConfig, *, external: bool
+) -> None:
+    """The ledger's version must be the newest published one, whole (its sha256 holds),
+    with the optimizer state that goes with it."""
+    version, published = ledger.version, store.versions()
+    where = config.state_dir
+    if version > 0 and version + 1 in published:
+        # An update published its weights and died before the ledger recorded it: the
+        # batch is trained again, so its weights go.
+        log.warning("removing version %d, published but never recorded", version + 1)
+        store.remove(version + 1)
+        published.remove(version + 1)
+    newest = max(published, default=0)
+    if newest > version:
+        raise StateDamaged(
+            f"the ledger in {where} is at version {version} but its weights go up to "
+            f"version {newest}: the ledger was lost or replaced; restore it, or start "
+            "from an empty state directory"
+        )
+    if version == 0:
+        return
+    if not store.has(version):
+        raise StateDamaged(
+            f"the ledger in {where} is at version {version} but {store.path(version)} "
+            "or its sha256 is missing"
+        )
+    digest = hashlib.sha256(store.path(version).read_bytes()).hexdigest()
+    if digest != store.sha256(version):
+        raise StateDamaged(f"{store.path(version)} does not match its sha256")
+    optimizer = config.state_dir / "weights" / f"optimizer-v{version}.safetensors"
+    if not external and not optimizer.is_file():
+        raise StateDamaged(f"the optimizer state of version {version} ({optimizer}) is missing")
 
 
 def _finite(stats: UpdateStats) -> UpdateStats:

@@ -41,6 +41,7 @@ class WeightStore:
     def publish(self, model: Any, version: int) -> str:
         """Write the model's weights as `version`; returns their sha256."""
         tensors = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+        self.directory.mkdir(parents=True, exist_ok=True)  # deleted under a running trainer
         _write(self.path(version), tensors)
         digest = hashlib.sha256(self.path(version).read_bytes()).hexdigest()
         _write_text(self.directory / f"v{version}.sha256", digest)
@@ -54,9 +55,13 @@ class WeightStore:
         kept = set(keep)
         removed = [v for v in self.versions() if v not in kept]
         for v in removed:
-            self.path(v).unlink(missing_ok=True)
-            (self.directory / f"v{v}.sha256").unlink(missing_ok=True)
+            self.remove(v)
         return removed
+
+    def remove(self, version: int) -> None:
+        self.path(version).unlink(missing_ok=True)
+        (self.directory / f"v{version}.sha256").unlink(missing_ok=True)
+        (self.directory / f"optimizer-v{version}.safetensors").unlink(missing_ok=True)
 
 
 def save_optimizer(optimizer: torch.optim.Optimizer, model: Any, path: Path) -> None:

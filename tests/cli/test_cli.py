@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from cadence.cli import main
+from cadence.common.statelock import StateLock
 
 FIGURE8 = Path(__file__).parents[2] / "bench" / "snapshots" / "figure8.json"
 
@@ -170,3 +171,28 @@ def test_a_trainer_config_file_that_does_not_validate_names_the_field(
     )
     assert main(["trainer", "--config", str(config)]) == 2
     assert f"{config}: eta: Input should be greater than or equal to 0" in capsys.readouterr().err
+
+
+def test_a_second_run_or_trainer_on_a_directory_in_use_is_refused_in_one_sentence(
+    tmp_path: Path,
+    tiny_model: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two runs on one --workdir trained the same batches and overwrote each other's
+    weights; the second now stops before it starts anything."""
+    monkeypatch.setenv("CADENCE_TOKEN", "s3cret")
+    held = StateLock(tmp_path / "run.lock", "a run")
+    assert main(["run", str(EXAMPLE_RUN), "--workdir", str(tmp_path), "--no-live"]) == 2
+    err = capsys.readouterr().err
+    assert f"the work directory {tmp_path} is in use by another process" in err
+    assert err.count("\n") == 1 and not (tmp_path / "trainer").exists()
+    held.release()
+
+    state = tmp_path / "state"
+    trainer = StateLock(state / "trainer.lock", "a trainer")
+    argv = ["trainer", "--model-path", str(tiny_model), "--state-dir", str(state)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"the trainer state directory {state} is in use" in err and err.count("\n") == 1
+    trainer.release()
