@@ -11,7 +11,10 @@ a new loop rebuilds its view from the workers and the ledger.
 Reconciling: the ledger is told where each in-flight sample is (placed, parked, waiting
 for its environment). A sample the ledger shows in flight that no live worker holds
 (resident, parked or in its outbox) is re-queued from its prompt under a new attempt;
-so is everything on a worker that has not answered for `lost_after_s`. A placement is
+so is everything on a worker that has not answered for `lost_after_s`, or that says its
+decoding has stalled. Such a worker is lost, not dead: it is asked again with a backoff,
+and once it answers (and steps) it rejoins the pool; the copies it still holds under
+attempts the ledger has moved past are fenced off (dropped there). A placement is
 recorded in the ledger before it is made, under its new attempt, so the delivery it
 produces is the current attempt's; if the worker refuses it, the sample goes back
 (fresh samples to the fresh pool, departed ones to the worker they are parked on).
@@ -52,6 +55,7 @@ from cadence.trainer.client import TrainerClient, TrainerError
 from cadence.trainer.ledger import sample_index
 from cadence.worker.api import (
     AdvanceRequest,
+    Fence,
     FreshStart,
     MoveCounts,
     PlaceRequest,
@@ -79,6 +83,10 @@ class LoopConfig:
     # its sample is re-queued under a new attempt and the late copy is fenced off.
     action_timeout_s: float = 15.0
     lost_after_s: float = 10.0
+    # A lost worker is asked again after this, then after twice as long, up to the
+    # ceiling: a paused host (a long GC pause, a frozen node) rejoins once it answers.
+    probe_lost_s: float = 2.0
+    max_probe_lost_s: float = 30.0
     max_tool_calls: int = 0
     # Each fresh sample's length under the run's length law; None: the model decides,
     # up to the ledger's max_tokens.
@@ -121,11 +129,16 @@ class ControlLoop:
     _clients: dict[str, WorkerClient] = field(default_factory=dict)
     _silent_since: dict[str, float] = field(default_factory=dict)
     _lost: set[str] = field(default_factory=set)
+    # Lost workers: when each is next asked, the wait after that, and the probe in flight.
+    _probe_at: dict[str, tuple[float, float]] = field(default_factory=dict)
+    _probes: dict[str, asyncio.Task[WorkerState]] = field(default_factory=dict)
+    _all_lost_logged: float = float("-inf")
     _pending_since: dict[str, float] = field(default_factory=dict)
     _totals: Counter[str] = field(default_factory=Counter)  # actions, errors, requeued
     _moves: dict[str, MoveCounts] = field(default_factory=dict)  # each worker's, last seen
     # Advances in flight (fetching and loading weights takes long): the worker is left
-    # out of observation and planning until its advance ends, so cycles stay short.
+    # out of planning until its advance ends, so cycles stay short; it is still observed,
+    # so one that goes silent mid-advance is lost like any other.
     _advancing: dict[str, asyncio.Task[None]] = field(default_factory=dict)
     _versions: dict[int, VersionInfo] = field(default_factory=dict)
     # The last cycle's snapshot and plan (the operator reports per-group demand from it).
@@ -183,9 +196,10 @@ class ControlLoop:
         return MoveCounts(**summed)
 
     async def aclose(self) -> None:
-        for task in self._advancing.values():
+        tasks = [*self._advancing.values(), *self._probes.values()]
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*self._advancing.values(), return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
         for c in self._clients.values():
             await c.aclose()
         for h in self._hosts.values():
@@ -220,7 +234,8 @@ class ControlLoop:
         if requeued:
             view = await self.trainer.ledger()
         now = self.clock()
-        snapshot = self._snapshot(view, live, now)
+        planned = {w: st for w, st in live.items() if w not in self._advancing}
+        snapshot = self._snapshot(view, planned, now)
         t1 = time.perf_counter()
         actions, self.state = self.policy.plan(snapshot, self.state)
         plan_ms = (time.perf_counter() - t1) * 1000
@@ -255,7 +270,8 @@ class ControlLoop:
         return _LoopCollector(self)
 
     async def _observe(self) -> dict[str, WorkerState]:
-        ids = [w for w in self._clients if w not in self._lost and w not in self._advancing]
+        self._probe_lost()
+        ids = [w for w in self._clients if w not in self._lost]
         alone = [w for w in ids if w not in self._host_of]
         wanted = sorted({self._host_of[w] for w in ids if w in self._host_of})
         results = await asyncio.gather(
@@ -271,6 +287,10 @@ class ControlLoop:
         now = self.clock()
         for wid in ids:
             result = answers.get(wid)
+            if isinstance(result, WorkerState) and result.stalled is not None:
+                log.warning("worker %s is lost: %s", wid, result.stalled)
+                self._lose(wid, now)
+                continue
             if isinstance(result, WorkerState):
                 live[wid] = result
                 self._moves[wid] = result.moves
@@ -279,10 +299,53 @@ class ControlLoop:
             since = self._silent_since.setdefault(wid, now)
             if now - since >= self.config.lost_after_s:
                 log.warning("worker %s is lost: silent for %.1f s", wid, now - since)
-                self._lost.add(wid)
+                self._lose(wid, now)
+        everyone = bool(self._clients) and len(self._lost) == len(self._clients)
+        if everyone and now - self._all_lost_logged >= self.config.max_probe_lost_s:
+            self._all_lost_logged = now
+            log.warning(
+                "all %d workers are lost; asking each again every %.0f s at most",
+                len(self._clients),
+                self.config.max_probe_lost_s,
+            )
         return live
 
+    def _lose(self, wid: str, now: float) -> None:
+        self._lost.add(wid)
+        self._totals["lost"] += 1
+        advancing = self._advancing.pop(wid, None)
+        if advancing is not None:  # its advance call would wait out its long timeout
+            advancing.cancel()
+        self._silent_since.pop(wid, None)
+        self._probe_at[wid] = (now + self.config.probe_lost_s, self.config.probe_lost_s)
+
+    def _probe_lost(self) -> None:
+        """Take back the lost workers that answered their last probe; ask the others again
+        when it is their time. A probe runs beside the cycles, so a silent worker never
+        holds one up. What a returning worker still holds under attempts the ledger has
+        moved past is fenced off when the cycle reconciles."""
+        now = self.clock()
+        for wid in sorted(self._lost):
+            task = self._probes.get(wid)
+            if task is not None:
+                if not task.done():
+                    continue
+                del self._probes[wid]
+                if not task.cancelled() and task.exception() is None and not task.result().stalled:
+                    self._lost.discard(wid)
+                    self._probe_at.pop(wid, None)
+                    log.warning("worker %s answers again; it rejoins the pool", wid)
+                    self._totals["rejoined"] += 1
+                    continue
+                _, wait = self._probe_at[wid]
+                wait = min(self.config.max_probe_lost_s, 2 * wait)
+                self._probe_at[wid] = (now + wait, wait)
+                continue
+            if now >= self._probe_at[wid][0] and wid in self._clients:
+                self._probes[wid] = asyncio.create_task(self._clients[wid].state())
+
     async def _reconcile(self, view: LedgerView, live: dict[str, WorkerState]) -> int:
+        await self._fence(view, live)
         held: dict[str, tuple[str, str, int]] = {}  # id -> (worker, state, attempt)
         for wid, st in live.items():
             for r in st.residents:
@@ -306,6 +369,8 @@ class ControlLoop:
                 continue
             if s.worker is not None and s.worker not in live and s.worker not in self._lost:
                 continue  # its worker is silent but not lost yet: wait
+            if s.worker in self._advancing:
+                continue  # placed after the worker's advance, that call still in flight
             # Gone with its worker, or dropped by a live one (a failed step, a refused
             # delivery): only the second is the sample's fault.
             fault: Literal["sample", "worker"] = "sample" if s.worker in live else "worker"
@@ -317,6 +382,48 @@ class ControlLoop:
                     raise
         await self.trainer.record_many(moved)
         return requeued
+
+    async def _fence(self, view: LedgerView, live: dict[str, WorkerState]) -> None:
+        """Fence off the copies workers hold under attempts the ledger has moved past (a
+        worker taken for lost that answers again, a placement that landed after it timed
+        out): each worker drops them, and this cycle plans without them. A resident is
+        stale under any newer attempt; a parked copy only once its sample went back to
+        fresh (a departed sample is recorded under its next attempt before it is claimed);
+        any copy once its sample has ended."""
+        fresh = {f.id: f.attempt for f in view.fresh}
+        current = fresh | {s.id: s.attempt for s in view.in_flight}
+        stale: dict[str, list[Fence]] = {}
+        for wid, st in live.items():
+            # A sample neither fresh nor in flight has ended: any copy of it is stale.
+            items = [
+                Fence(id=r.id, attempt=current.get(r.id, r.attempt + 1))
+                for r in st.residents
+                if r.attempt < current.get(r.id, r.attempt + 1)
+            ]
+            items += [
+                Fence(id=p.id, attempt=fresh.get(p.id, p.attempt + 1))
+                for p in st.parked
+                if (p.id in fresh or p.id not in current)
+                and p.attempt < fresh.get(p.id, p.attempt + 1)
+            ]
+            if not items:
+                continue
+            stale[wid] = items
+            gone = {f.id for f in items}
+            live[wid] = st.model_copy(
+                update={
+                    "residents": [r for r in st.residents if r.id not in gone],
+                    "parked": [p for p in st.parked if p.id not in gone],
+                }
+            )
+        if not stale:
+            return
+        results = await self._gather(self._clients[w].fence(items) for w, items in stale.items())
+        for wid, result in zip(stale, results, strict=True):
+            if isinstance(result, BaseException):
+                log.warning("fencing stale copies on %s failed: %r", wid, result)
+            else:
+                self._totals["fenced"] += len(result)
 
     def _snapshot(self, view: LedgerView, live: dict[str, WorkerState], now: float) -> Snapshot:
         workers, pending = [], []
@@ -500,8 +607,9 @@ class ControlLoop:
             results[i] = answer
         return [r if r is not None else RuntimeError("no answer") for r in results]
 
-    def _advanced(self, worker: str, _: asyncio.Task[None]) -> None:
-        self._advancing.pop(worker, None)
+    def _advanced(self, worker: str, task: asyncio.Task[None]) -> None:
+        if self._advancing.get(worker) is task:  # not a later advance of a rejoined worker
+            del self._advancing[worker]
 
     async def _advance(self, action: Advance, then: Callable[[], Awaitable[int]]) -> None:
         """Advance a worker; then make the placements its plan put after the advance

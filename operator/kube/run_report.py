@@ -174,4 +174,8 @@ class RunReporter:
         if lost:
             message = f"silent, their samples re-queued: {', '.join(sorted(lost))}"
             self.post(body, "WorkersLost", message, True)
+        back = self.reported_lost - self.loop.lost
+        if back:
+            message = f"answering again, rejoined the pool: {', '.join(sorted(back))}"
+            self.post(body, "WorkersRejoined", message, False)
         self.seen, self.reported_lost = totals, self.loop.lost

@@ -204,6 +204,16 @@ class Children:
                     raise RuntimeError(f"{name} did not become healthy within {within_s:.0f} s")
                 await asyncio.sleep(0.2)
 
+    async def answers(self, name: str, timeout_s: float) -> bool:
+        """Whether `name` answers /healthz with 200 within `timeout_s` (a frozen process
+        does not answer; a worker whose decoding stalled answers 503)."""
+        try:
+            async with httpx.AsyncClient(timeout=timeout_s) as http:
+                answer = await http.get(f"{self.urls[name]}/healthz")
+        except httpx.HTTPError:
+            return False
+        return answer.status_code == 200
+
     def send(self, name: str, sig: signal.Signals) -> None:
         """Send `sig` and return: SIGKILL, as a lost node (nothing is drained or handed
         back); SIGTERM, as a node drain or scale-in (a worker drains and exits)."""
@@ -212,6 +222,17 @@ class Children:
             return
         with contextlib.suppress(ProcessLookupError):
             self.processes[name].send_signal(sig)
+
+    def pause(self, name: str, paused: bool) -> None:
+        """SIGSTOP (or SIGCONT) `name` and, in its own session, everything it started: a
+        frozen node stops all its processes at once."""
+        sig = signal.SIGSTOP if paused else signal.SIGCONT
+        process = self.processes[name]
+        with contextlib.suppress(ProcessLookupError):
+            process.send_signal(sig)
+        if self.new_session:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(process.pid, sig)
 
     def kill(self, name: str) -> None:
         """SIGKILL, as a lost node: nothing is drained or handed back."""
@@ -233,6 +254,8 @@ class Children:
         for p in self.processes.values():
             if p.poll() is None:
                 p.terminate()
+                with contextlib.suppress(ProcessLookupError):
+                    p.send_signal(signal.SIGCONT)  # a frozen one must run to exit
         deadline = time.monotonic() + self.grace_s
         for p in self.processes.values():
             try:

@@ -85,6 +85,9 @@ def vllm_workers(workers: list[PoolWorker]) -> tuple[list[PoolWorker], str | Non
     )
 
 
+STALL_UNDER_CHAOS_S = 10.0  # the workers' stall bound when chaos deals stalls
+
+
 @dataclass(frozen=True, slots=True)
 class RunOptions:
     policy: str | None = None  # None: the TrainingRun's
@@ -130,7 +133,14 @@ async def run(
     spec = training.spec
     policy = options.policy or spec.scheduler.policy
     workdir.mkdir(parents=True, exist_ok=True)
-    model = Path(spec.model.path) if spec.model.path else make_tiny_llama(workdir / "model")
+    # The local model's positions hold the run's longest answer and 4,096 tokens of
+    # prompt and observations: a worker refuses a sample its model cannot hold.
+    positions = max(4096, spec.batch.max_tokens + 4096)
+    model = (
+        Path(spec.model.path)
+        if spec.model.path
+        else make_tiny_llama(workdir / "model", max_positions=positions)
+    )
     token = secrets.token_hex(16)
     config = trainer_config(training, model, workdir / "trainer", policy).model_copy(
         update={"seed": options.seed}
@@ -150,11 +160,15 @@ async def run(
         trainer_url = sup.start_service(
             "trainer", ["trainer", "--config", str(workdir / "trainer.json")]
         )
+        stalls = options.chaos_every_s > 0 and "stall" in options.chaos_targets
         sup.common = [
             *_environment(sup, spec.multi_turn),
             *("--model-path", str(model), "--model", spec.model.catalog),
             *("--trainer-url", trainer_url),
             *("--compression", str(options.compression), "--grace-s", "1"),
+            # Chaos's stalls last 5-60 s: a shorter bound than the workers' own (60 s and
+            # up) lets most of them be seen as what they are.
+            *(("--stall-after-s", str(STALL_UNDER_CHAOS_S)) if stalls else ()),
         ]
         if "environment" in sup.state:
             await sup.healthy("environment", within_s=60)
@@ -191,7 +205,12 @@ async def run(
         )
         sup.loop = loop
         chaos = Chaos(
-            options.chaos_every_s, options.chaos_targets, options.seed, sup.live, sup.send
+            options.chaos_every_s,
+            options.chaos_targets,
+            options.seed,
+            sup.live,
+            sup.send,
+            hold=sup.hold,
         )
         asked = 0.0
 
@@ -224,6 +243,10 @@ async def run(
     )
     measures["hosts_killed"] = chaos.counts["worker_sigkill"] + chaos.counts["worker_sigterm"]
     measures["workers_replaced"] = sup.replaced
+    measures["hosts_frozen"] = chaos.counts["worker_sigstop"]
+    measures["hosts_stalled"] = chaos.counts["worker_stall"]
+    measures["workers_lost"] = loop.totals["lost"]
+    measures["workers_rejoined"] = loop.totals["rejoined"]
     measures["trainer_restarts"] = sup.restarts["trainer"]
     measures["environment_restarts"] = sup.restarts["environment"]
     measures["chaos"] = dict(chaos.counts)

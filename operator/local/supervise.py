@@ -8,6 +8,11 @@ drained or crashed, is replaced by a fresh process whose workers have new names,
 rescheduled pod's; the control loop takes them in once they answer, and re-queues what
 the old ones held once it has missed them for its `lost_after_s`.
 
+A process that is running but has not answered `/healthz` for `UNRESPONSIVE_S` (frozen,
+or a worker whose decoding stalled) is killed, and so restarted or replaced, as a
+kubelet's liveness probe would. A shorter pause is not a death: the control loop takes
+a worker that answers again back into the pool.
+
 A process that exits while it starts is started again after a backoff that doubles (1 s,
 2 s, ... 30 s), and the run gives up, one sentence naming the log, after `START_TRIES`
 failed starts in a row of the same process (or pool slot).
@@ -39,6 +44,8 @@ START_S = 600.0  # a start that has not answered /healthz by then failed
 START_TRIES = 5
 BACKOFF_S = 1.0
 MAX_BACKOFF_S = 30.0
+HEALTH_S = 5.0  # how often a serving process is asked /healthz
+UNRESPONSIVE_S = 120.0  # unanswered (or unhealthy) that long: killed and started afresh
 
 State = Literal["starting", "serving", "stopping"]
 
@@ -89,6 +96,8 @@ class Supervisor:
         self._due: dict[str, float] = {}  # exited process -> when to start it (or its heir)
         self._waiting: dict[str, asyncio.Task[None]] = {}
         self._generation = 0
+        self._unanswered_since: dict[str, float] = {}
+        self.frozen: set[str] = set()  # held by chaos until their time is up
 
     # --- starting ----------------------------------------------------------------------
 
@@ -150,7 +159,7 @@ class Supervisor:
         parked = {w for w, st in self.latest.items() if st.parked}
         out = []
         for name, state in sorted(self.state.items()):
-            if state == "stopping":
+            if state == "stopping" or name in self.frozen:
                 continue
             if name in self.members:
                 ids = {w.id for w in self.members[name]}
@@ -169,6 +178,33 @@ class Supervisor:
         self.events.append(f"{sig.name} to {name}{held}")
         log.warning("chaos: %s to %s", sig.name, name)
 
+    def hold(self, name: str, sig: signal.Signals, seconds: float) -> None:
+        """A fault undone after `seconds`: SIGSTOP (the process and all it started, then
+        SIGCONT), or SIGUSR1 (a worker holds its decoding, then a second SIGUSR1). It
+        stays in its slot: a pause is not a death, unless it outlasts UNRESPONSIVE_S."""
+        if sig == signal.SIGSTOP:
+            self.children.pause(name, True)
+        else:
+            self.children.send(name, sig)
+        self.frozen.add(name)
+        workers = self.members.get(name, [])
+        held = f" ({', '.join(w.id for w in workers)})" if workers else ""
+        self.events.append(f"{sig.name} to {name}{held} for {seconds:.0f} s")
+        log.warning("chaos: %s to %s for %.0f s", sig.name, name, seconds)
+        process = self.children.processes[name]
+
+        async def undo() -> None:
+            await asyncio.sleep(seconds)
+            self.frozen.discard(name)
+            if self.children.processes.get(name) is process and process.poll() is None:
+                if sig == signal.SIGSTOP:
+                    self.children.pause(name, False)
+                else:
+                    self.children.send(name, sig)
+                log.warning("chaos: %s to %s undone", sig.name, name)
+
+        self._waiting[f"undo {name}"] = asyncio.create_task(undo())
+
     async def until_serving(self, name: str) -> None:
         """Return once `name` serves (at once if it does), or the run has failed."""
         while self.state.get(name) != "serving" and self.failed is None:
@@ -179,14 +215,13 @@ class Supervisor:
     @contextlib.asynccontextmanager
     async def watching(self) -> AsyncIterator[None]:
         """Restart or replace whatever exits, while the block runs."""
-        task = asyncio.create_task(self._watch())
+        tasks = [asyncio.create_task(self._watch()), asyncio.create_task(self._probe())]
         try:
             yield
         finally:
-            task.cancel()
-            for waiting in self._waiting.values():
-                waiting.cancel()
-            await asyncio.gather(task, *self._waiting.values(), return_exceptions=True)
+            for task in [*tasks, *self._waiting.values()]:
+                task.cancel()
+            await asyncio.gather(*tasks, *self._waiting.values(), return_exceptions=True)
 
     async def _watch(self) -> None:
         while self.failed is None:
@@ -199,6 +234,31 @@ class Supervisor:
                     del self._due[name]
                     self._start_again(name)
             await asyncio.sleep(WATCH_S)
+
+    async def _probe(self) -> None:
+        """Kill what has been serving but unanswering for UNRESPONSIVE_S; the watcher
+        then restarts or replaces it as it does any exit."""
+        while self.failed is None:
+            serving = [n for n, st in sorted(self.state.items()) if st == "serving"]
+            answers = await asyncio.gather(
+                *(self.children.answers(n, timeout_s=HEALTH_S) for n in serving)
+            )
+            now = time.monotonic()
+            for name, answered in zip(serving, answers, strict=True):
+                if answered or self.state.get(name) != "serving":
+                    self._unanswered_since.pop(name, None)
+                    continue
+                since = self._unanswered_since.setdefault(name, now)
+                if now - since >= UNRESPONSIVE_S:
+                    del self._unanswered_since[name]
+                    log.warning(
+                        "%s has not answered /healthz for %.0f s; killing it to start afresh",
+                        name,
+                        now - since,
+                    )
+                    self.events.append(f"{name} unresponsive for {now - since:.0f} s, killed")
+                    self.children.send(name, signal.SIGKILL)
+            await asyncio.sleep(HEALTH_S)
 
     def _exited(self, name: str, state: State, now: float) -> None:
         code = self.children.processes[name].returncode

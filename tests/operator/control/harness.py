@@ -97,10 +97,11 @@ class LocalPool:
             transport=self.router,
         )
 
-    async def decode(self, steps: int = 1) -> None:
-        """Every live worker decodes `steps` steps and hands what finished to the trainer."""
+    async def decode(self, steps: int = 1, *, skip: frozenset[str] = frozenset()) -> None:
+        """Every live worker decodes `steps` steps and hands what finished to the trainer;
+        those in `skip` answer but do not decode (a stalled engine)."""
         for wid, core in self.cores.items():
-            if wid in self.router.down:
+            if wid in self.router.down or wid in skip:
                 continue
             for _ in range(steps):
                 if core.resident:

@@ -113,6 +113,110 @@ def test_a_silent_worker_is_declared_lost_after_lost_after_s_and_its_work_moves(
     assert survivor.counts["finished"] == 8
 
 
+def test_a_lost_worker_that_answers_again_rejoins_and_its_stale_copies_are_fenced(
+    pool: LocalPool,
+) -> None:
+    """A frozen host (SIGSTOP, a long pause) is taken for lost and its samples re-queued;
+    when it answers again it is used again, and what it still held under the old
+    attempts is dropped there, never delivered or decoded on."""
+    paused = pool.add_worker("w0")
+    pool.add_worker("w1")
+
+    async def go() -> None:
+        loop = pool.loop(KNOBS, lost_after_s=5.0)
+        await loop.cycle()  # admits
+        await loop.cycle()  # places
+        stale = set(paused.resident)
+        assert stale
+        pool.router.down.add("w0")
+        await loop.cycle()
+        pool.clock.work(5.0)
+        report = await loop.cycle()
+        assert report.lost == ["w0"] and report.requeued == len(stale)
+        pool.router.down.discard("w0")
+        pool.clock.work(loop.config.probe_lost_s)
+        await loop.cycle()  # asks w0 again
+        await asyncio.sleep(0)
+        report = await loop.cycle()  # takes the answer
+        assert report.lost == [] and loop.lost == frozenset()
+        assert not stale & set(paused.resident), "the old attempts were fenced off"
+        assert paused.counts["fenced"] == len(stale)
+        assert loop.last_plan is not None
+        assert "w0" in {w.id for w in loop.last_plan[0].workers}, "it is planned on again"
+        for _ in range(60):
+            await loop.cycle()
+            await pool.decode(steps=4)
+            if pool.trainer.ledger.counts().get("delivered", 0) == 8:
+                break
+        await loop.aclose()
+        assert loop.totals["fenced"] == len(stale)
+
+    asyncio.run(go())
+    ledger = pool.trainer.ledger
+    assert ledger.counts() == {"delivered": 8, "failed": 0} and ledger.accepted_twice() == 0
+    assert paused.counts["finished"] == 0, "nothing it held under an old attempt ended there"
+
+
+def test_a_worker_that_answers_but_stops_decoding_has_its_work_requeued_then_rejoins(
+    pool: LocalPool,
+) -> None:
+    stuck = pool.add_worker("w0")
+    pool.add_worker("w1")
+
+    async def go() -> None:
+        loop = pool.loop(KNOBS)
+        await loop.cycle()  # admits
+        await loop.cycle()  # places
+        held = set(stuck.resident)
+        assert held
+        await pool.decode(steps=2, skip=frozenset({"w0"}))
+        pool.clock.work(stuck.stall_bound_s() + 1)
+        report = await loop.cycle()
+        assert report.lost == ["w0"] and report.requeued == len(held)
+        for _ in range(60):
+            await loop.cycle()
+            await pool.decode(steps=4, skip=frozenset({"w0"}))
+            if pool.trainer.ledger.counts().get("delivered", 0) == 8:
+                break
+        assert pool.trainer.ledger.counts() == {"delivered": 8, "failed": 0}
+        await stuck.step()  # its engine steps again: no longer stalled
+        pool.clock.work(loop.config.probe_lost_s)
+        await loop.cycle()
+        await asyncio.sleep(0)
+        await loop.cycle()
+        await loop.aclose()
+        assert loop.lost == frozenset() and stuck.resident == {}, "rejoined, old copies fenced"
+
+    asyncio.run(go())
+    assert pool.trainer.ledger.accepted_twice() == 0
+
+
+def test_a_worker_lost_for_good_is_asked_again_less_and_less_often(pool: LocalPool) -> None:
+    pool.add_worker("w0")
+    pool.add_worker("w1")
+
+    async def go() -> None:
+        loop = pool.loop(KNOBS, lost_after_s=1.0)
+        pool.router.down.add("w0")
+        await loop.cycle()
+        pool.clock.work(1.0)
+        await loop.cycle()
+        assert loop.lost == frozenset({"w0"})
+        asked = 0
+        for _ in range(200):  # 100 s
+            pool.clock.work(0.5)
+            await loop.cycle()
+            await pool.decode()  # w1 keeps stepping: it is not stalled
+            asked += "w0" in loop._probes
+            await asyncio.sleep(0)
+        await loop.aclose()
+        # 2 + 4 + 8 + 16 + 30 + 30 ... s apart: 7 probes in 100 s, not 50.
+        assert 5 <= asked <= 8
+        assert loop.lost == frozenset({"w0"})
+
+    asyncio.run(go())
+
+
 def test_a_placement_the_worker_refuses_goes_back_and_is_placed_later(pool: LocalPool) -> None:
     pool.add_worker("w0")
 
@@ -128,6 +232,38 @@ def test_a_placement_the_worker_refuses_goes_back_and_is_placed_later(pool: Loca
         pool.router.full.clear()
         report = await loop.cycle()
         assert report.errors == 0 and ledger.counts()["placed"] == report.actions["place"]
+        await loop.aclose()
+
+    asyncio.run(go())
+
+
+def test_a_worker_that_goes_silent_mid_advance_is_lost_not_waited_for(pool: LocalPool) -> None:
+    """An advance runs beside the cycles with a long timeout; a host frozen during one
+    was not observed until that timeout. It is observed, lost, and its advance dropped."""
+    frozen = pool.add_worker("w0")
+    pool.add_worker("w1")
+    hang = asyncio.Event()
+
+    async def stuck(_: object) -> None:
+        await hang.wait()  # the weights never arrive: the host froze mid-advance
+
+    frozen.advance = stuck  # type: ignore[method-assign,assignment]
+
+    async def go() -> None:
+        loop = pool.loop(KNOBS, lost_after_s=5.0)
+        for _ in range(80):
+            await loop.cycle()
+            await pool.decode(steps=4)
+            await asyncio.to_thread(pool.trainer.train_next)
+            if "w0" in loop._advancing:
+                break
+        assert "w0" in loop._advancing, "w0 was asked to advance"
+        pool.router.down.add("w0")
+        await loop.cycle()
+        pool.clock.work(5.0)
+        report = await loop.cycle()
+        assert report.lost == ["w0"] and "w0" not in loop._advancing
+        hang.set()
         await loop.aclose()
 
     asyncio.run(go())

@@ -12,7 +12,7 @@ from dataclasses import replace
 
 import pytest
 
-from cadence.operator.local.chaos import Chaos, Strike, Target, parse_targets
+from cadence.operator.local.chaos import HOLD_S, Chaos, Strike, Target, parse_targets
 
 
 class Pool:
@@ -131,3 +131,24 @@ def test_chaos_targets_are_named() -> None:
     assert parse_targets("workers, trainer") == {"workers", "trainer"}
     with pytest.raises(ValueError, match="unknown chaos target 'nodes'; known: workers"):
         parse_targets("workers,nodes")
+
+
+def test_freezes_and_stalls_are_held_for_a_while_and_never_sent_as_deaths() -> None:
+    held: list[tuple[str, signal.Signals, float]] = []
+    sent: list[tuple[str, signal.Signals]] = []
+    chaos = Chaos(
+        1.0,
+        {"freeze", "stall"},
+        2,
+        _everything,
+        lambda name, sig: sent.append((name, sig)),
+        hold=lambda name, sig, s: held.append((name, sig, s)),
+    )
+    struck = [chaos.strike() for _ in range(40)]
+    assert sent == [] and len(held) == 40
+    assert {sig for _, sig, _ in held} == {signal.SIGSTOP, signal.SIGUSR1}
+    assert {name for name, _, _ in held} <= {"host-0", "host-1", "host-2"}
+    low, high = HOLD_S
+    assert all(low <= s <= high for _, _, s in held)
+    assert chaos.counts["worker_sigstop"] + chaos.counts["worker_stall"] == 40
+    assert all(s is not None and s.seconds is not None for s in struck)

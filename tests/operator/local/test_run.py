@@ -8,6 +8,7 @@ bad file or option exits 2 with one sentence."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -20,6 +21,7 @@ import pytest
 
 from cadence.cli import main
 from cadence.operator.api.resources import load
+from cadence.operator.local import chaos
 from cadence.operator.local.processes import CADENCE
 from cadence.operator.local.run import pool_workers, vllm_workers
 from cadence.operator.scheduler.registry import DEFAULT_POLICIES
@@ -111,6 +113,40 @@ def test_under_chaos_every_admitted_sample_ends_exactly_once(tmp_path: Path) -> 
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("fault", ["freeze", "stall"])
+def test_hosts_frozen_or_stalled_rejoin_and_the_run_ends_with_every_sample_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fault: str
+) -> None:
+    """Every worker host frozen (SIGSTOP) or stalled (answering, decoding nothing) mid-run,
+    longer than the loop's loss delay or the stall bound: the workers are lost and their
+    work re-queued; once they answer (or decode) again they rejoin, not replaced, their
+    stale copies fenced, and every admitted sample ends once."""
+    monkeypatch.setattr(chaos, "HOLD_S", (15.0, 15.0))
+
+    async def freeze_every_host_once(self: chaos.Chaos, sleep: object = None) -> None:
+        await asyncio.sleep(self.every_s)
+        while self.strike() is not None:
+            pass
+
+    monkeypatch.setattr(chaos.Chaos, "run", freeze_every_host_once)
+    frozen = tmp_path / "frozen.yaml"
+    frozen.write_text(EXAMPLE.read_text().replace("iterations: 30", "iterations: 6"))
+    out, workdir = tmp_path / "out.json", tmp_path / "run"
+    argv = ["run", str(frozen), "--chaos", "2", "--chaos-targets", fault, "--hosts", "2"]
+    assert main([*argv, "--json", str(out), "--workdir", str(workdir), "--no-live"]) == 0
+    result = json.loads(out.read_text())
+    held = "hosts_frozen" if fault == "freeze" else "hosts_stalled"
+    counts = {k: result[k] for k in (held, "workers_lost", "workers_rejoined")}
+    assert result[held] == 2 and result["workers_replaced"] == 0, counts
+    # A frozen worker is lost; a stalled one only if it held work when it stalled. Each
+    # came back (a busy machine may lose one more often).
+    lost = 4 if fault == "freeze" else 1
+    assert result["workers_lost"] >= lost and result["workers_rejoined"] >= lost, counts
+    assert result["samples_admitted"] == 6 * 8 * 8 == result["samples_delivered"]
+    assert result["samples_lost"] == 0 and result["samples_duplicated"] == 0
+
+
+@pytest.mark.slow
 def test_under_chaos_of_every_kind_every_admitted_sample_ends_once(tmp_path: Path) -> None:
     turns = tmp_path / "turns.yaml"
     text = EXAMPLE.read_text().replace("iterations: 30", "iterations: 6")
@@ -181,7 +217,10 @@ def test_a_chaos_interval_or_compression_that_is_not_a_positive_number_exits_2(
 @pytest.mark.parametrize(
     ("targets", "sentence"),
     [
-        ("workers,nodes", "unknown chaos target 'nodes'; known: workers, trainer, environment"),
+        (
+            "workers,nodes",
+            "unknown chaos target 'nodes'; known: workers, trainer, environment, freeze, stall",
+        ),
         (
             "environment",
             "--chaos-targets environment needs a multi-turn run whose environment is the "

@@ -47,6 +47,9 @@ class Processes(Children):
                 raise RuntimeError(f"{name} exited with status {process.returncode} while starting")
             await asyncio.sleep(0.005)
 
+    async def answers(self, name: str, timeout_s: float) -> bool:
+        return name in self.answering
+
 
 class Loop:
     """What the supervisor tells the control loop: workers that joined."""
@@ -62,6 +65,7 @@ class Loop:
 def _quick(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(supervise, "WATCH_S", 0.005)
     monkeypatch.setattr(supervise, "BACKOFF_S", 0.005)
+    monkeypatch.setattr(supervise, "HEALTH_S", 0.005)
 
 
 async def _serving(sup: Supervisor, name: str) -> None:
@@ -159,6 +163,38 @@ def test_a_host_that_exits_is_replaced_and_its_new_workers_join_the_loop() -> No
         "replaced by a910x-0-r1, h800-0-r1",
     ]
     assert [t.name for t in sup.live()] == ["host-0-r1"]
+
+
+def test_a_host_that_stops_answering_is_killed_and_replaced_and_a_short_pause_is_not(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A frozen host (SIGSTOP, a hung process) exits nothing: without a probe it would
+    hold its slot for ever. One that answers again within UNRESPONSIVE_S keeps it."""
+    monkeypatch.setattr(supervise, "UNRESPONSIVE_S", 0.5)
+    workers = [PoolWorker("h800-0", "H800", 2, 2.0)]
+
+    async def go() -> tuple[Supervisor, Processes]:
+        children = Processes()
+        async with children:
+            sup = Supervisor(children, ["--model", "m"], Path("/w"))
+            sup.loop = Loop()  # type: ignore[assignment]
+            children.answering.add("host-0")
+            await sup.start_pool(workers, hosts=1)
+            async with sup.watching():
+                children.answering.discard("host-0")  # a short pause
+                await asyncio.sleep(0.1)
+                children.answering.add("host-0")
+                await asyncio.sleep(0.6)
+                assert children.running("host-0") and sup.events == []
+                children.answering.discard("host-0")  # frozen for good
+                children.answering.add("host-0-r1")
+                await _serving(sup, "host-0-r1")
+                assert not children.running("host-0")
+        return sup, children
+
+    sup, _ = asyncio.run(go())
+    assert sup.events[0].startswith("host-0 unresponsive for ")
+    assert sup.events[1:] == ["replaced by h800-0-r1"]
 
 
 def test_a_sigkill_takes_everything_the_process_started_as_a_lost_node_would() -> None:
