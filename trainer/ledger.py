@@ -68,7 +68,7 @@ CREATE TABLE IF NOT EXISTS arrivals (  -- every delivery that reached the traine
     outcome TEXT NOT NULL,         -- accepted, duplicate, stale, unknown, invalid
     tokens INTEGER NOT NULL,       -- tokens the model generated
     finished_at REAL NOT NULL,     -- wall clock, seconds
-    latency_s REAL                 -- first decoding step to finish
+    latency_s REAL                 -- first decoding step to finish (monotonic)
 );
 CREATE INDEX IF NOT EXISTS samples_by_batch ON samples (batch, state);
 CREATE INDEX IF NOT EXISTS samples_by_state ON samples (state, worker);
@@ -337,7 +337,10 @@ class Ledger:
         logged with its outcome, so a run can show that none was accepted twice."""
         with self._tx():
             outcome = self._accept(delivery, reward)
+            # Summed on the workers' monotonic clocks (`Timings.elapsed_s`), never a
+            # difference of two wall clocks: a clock that jumps changes no latency.
             first = delivery.timings.first_step_at
+            latency = delivery.timings.elapsed_s if first is not None else None
             self.db.execute(
                 "INSERT INTO arrivals (id, attempt, outcome, tokens, finished_at, latency_s) "
                 "VALUES (?, ?, ?, ?, ?, ?)",
@@ -347,7 +350,7 @@ class Ledger:
                     outcome,
                     sum(len(t.token_ids) for t in delivery.turns if t.role == "model"),
                     delivery.finished_at,
-                    None if first is None else delivery.finished_at - first,
+                    latency,
                 ),
             )
         return outcome

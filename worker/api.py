@@ -234,11 +234,17 @@ class Turn(_Body):
 
 
 class Timings(_Body):
-    """Wall-clock seconds since the epoch (comparable across hosts), and durations."""
+    """Wall-clock seconds since the epoch (for display), and durations. A duration is
+    summed over the workers that held the trajectory, each measuring its own share on
+    its own monotonic clock: no clock of one host is compared with another's, and a
+    wall clock that jumps changes no latency."""
 
     admitted_at: Seconds | None = None
     first_step_at: Seconds | None = None
-    pending_s: Seconds = 0.0  # time spent departed, waiting for a placement
+    pending_s: Seconds = Field(default=0.0, ge=0)  # departed, waiting for a placement
+    # Held by workers since its first step (resident, parked, with its environment): at
+    # delivery, the trajectory's latency.
+    elapsed_s: Seconds = Field(default=0.0, ge=0)
 
 
 class KvOffer(_Body):

@@ -96,6 +96,7 @@ class Held:
     generated_at_placement: int = 0
     reason: ParkReason = "evicted"
     parked_since: float | None = None
+    arrived_at: float | None = None  # when this worker took it, on its clock
     lease: tuple[str, int, float] | None = None  # (destination, attempt, until)
     scanned: int = 0  # tokens of this placement's output already searched for a tool call
 
@@ -126,9 +127,19 @@ class Held:
         pending = self.timings.pending_s + now - self.parked_since
         return self.timings.model_copy(update={"pending_s": pending})
 
-    def to_state(self, now: float | None = None) -> TrajectoryState:
-        """The state to hand over; time parked here so far counts as pending."""
+    def leaving(self, now: float) -> Timings:
+        """Its timings as it leaves this worker (handed over or delivered): the time
+        parked here counted as pending, the time held here added to its elapsed time."""
         timings = self.timings_at(now)
+        if self.arrived_at is None:
+            return timings
+        elapsed = timings.elapsed_s + max(0.0, now - self.arrived_at)
+        return timings.model_copy(update={"elapsed_s": elapsed})
+
+    def to_state(self, now: float | None = None) -> TrajectoryState:
+        """The state to hand over; time parked here so far counts as pending, and time
+        held here as elapsed."""
+        timings = self.timings_at(now) if now is None else self.leaving(now)
         return TrajectoryState(
             id=self.id,
             attempt=self.attempt,
@@ -378,6 +389,7 @@ class WorkerCore:
                 f.max_tokens,
                 f.max_tool_calls,
                 Timings(first_step_at=self.wall()),
+                arrived_at=self.clock.now(),
             )
             self._start(held)
             return self._placed(held)
@@ -401,6 +413,7 @@ class WorkerCore:
         if state.version != req.version:
             raise Refused(409, "version", f"{req.id} was generated under version {state.version}")
         held = Held.of(state, req.attempt)
+        held.arrived_at = self.clock.now()  # the source counted its share to the claim
         self._check_tokens(req.id, held.context_ids)
         reason = self._no_pull(req, state.kv, self.clock.now() - asked)
         pull = None if reason is not None or state.kv is None else (state.kv, req.source.url)
@@ -777,7 +790,7 @@ class WorkerCore:
         return (n1 - n0) / (t1 - t0)
 
     def _deliver(self, held: Held, *, failed: bool = False) -> TrajectoryState:
-        state = held.to_state()
+        state = held.to_state(self.clock.now())
         self.counts["failed" if failed else "finished"] += 1
         if self.outbox is None:
             self.finished.append(state)
@@ -790,7 +803,7 @@ class WorkerCore:
                 worker_id=self.identity.worker_id,
                 prompt_token_ids=held.prompt_token_ids,
                 turns=held.turns,
-                timings=held.timings,
+                timings=state.timings,
                 finished_at=self.wall(),
                 sampling=held.sampling,
                 failed=failed,

@@ -226,3 +226,27 @@ def test_a_fence_drops_copies_under_older_attempts_and_keeps_current_and_claimed
     with pytest.raises(Refused) as refused:
         asyncio.run(a.place(fresh("old", max_tokens=40)))  # a replay of attempt 0
     assert refused.value.reason == "stale_attempt"
+
+
+def test_latency_is_summed_on_each_workers_own_clock_and_ignores_wall_clock_jumps() -> None:
+    """A trajectory decoded on a, parked, then moved to b whose wall clock is an hour
+    ahead: its elapsed time is what passed, not what the two wall clocks differ by."""
+    pool = Pool()
+    a, b = pool.add("a"), pool.add("b")
+    b.wall = lambda: 3_600.0 + pool.clock.now()  # b's wall clock jumped an hour
+    started = pool.clock.now()
+    asyncio.run(a.place(fresh("t", max_tokens=40)))
+    _steps(a, 5)
+    a.evict("t")
+    pool.clock.work(2.0)  # parked on a
+    asyncio.run(b.place(moved("t", pool.source("a"), attempt=1)))
+
+    async def finish() -> None:
+        while b.resident:
+            await b.step()
+
+    asyncio.run(finish())
+    timings = b.finished.pop().timings
+    assert timings.elapsed_s == pytest.approx(pool.clock.now() - started)
+    assert timings.pending_s == pytest.approx(2.0)
+    assert timings.elapsed_s < 60
