@@ -197,6 +197,7 @@ def _cmd_environment(args: argparse.Namespace) -> int:
         host=args.host,
         port=args.port,
         log_level="warning",
+        http=web.http_protocol(),
         ssl_certfile=args.tls_cert,
         ssl_keyfile=args.tls_key,
     )

@@ -277,6 +277,62 @@ def install(app: FastAPI, token: str, refusals: tuple[type[Exception], ...] = ()
     return [Depends(authorised)]
 
 
+# A connection must send a request's headers within this long of opening it or of its
+# last response. uvicorn times out only an idle connection that has already had a
+# response: one that never sends a request, or stops mid-headers, was held for ever.
+HEADERS_S = 30.0
+
+
+class _HeadersDeadline:
+    """Mixed into uvicorn's HTTP protocol: the deadline above. A request's headers make
+    a new request cycle, which is how the deadline knows they came."""
+
+    loop: asyncio.AbstractEventLoop
+    transport: asyncio.Transport
+    cycle: object
+
+    def connection_made(self, transport: asyncio.Transport) -> None:
+        super().connection_made(transport)  # type: ignore[misc]
+        self._arm()
+
+    def on_response_complete(self) -> None:
+        self._arm()  # before: a pipelined request starts its cycle inside the call
+        super().on_response_complete()  # type: ignore[misc]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)  # type: ignore[misc]
+
+    def _arm(self) -> None:
+        self._disarm()
+        self._armed_cycle = getattr(self, "cycle", None)
+        self._deadline = self.loop.call_later(HEADERS_S, self._expire)
+
+    def _disarm(self) -> None:
+        deadline: asyncio.TimerHandle | None = getattr(self, "_deadline", None)
+        if deadline is not None:
+            deadline.cancel()
+
+    def _expire(self) -> None:
+        if self.cycle is self._armed_cycle and not self.transport.is_closing():
+            self.transport.close()
+
+
+def http_protocol() -> type[asyncio.Protocol]:
+    """uvicorn's HTTP protocol (httptools where installed, as uvicorn picks) with the
+    headers deadline; give it as `uvicorn.Config(http=...)`."""
+    base: type[asyncio.Protocol]
+    try:
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol  # noqa: PLC0415
+
+        base = HttpToolsProtocol
+    except ImportError:  # httptools is optional
+        from uvicorn.protocols.http.h11_impl import H11Protocol  # noqa: PLC0415
+
+        base = H11Protocol
+    return type("DeadlineHttpProtocol", (_HeadersDeadline, base), {})
+
+
 def background(work: Callable[[], Coroutine[Any, Any, None]] | None) -> Any:
     """A FastAPI lifespan that runs `work()` for the app's lifetime (None: nothing)."""
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import uvicorn
 
+from cadence.common import web
 from cadence.trainer.app import create_app
 from cadence.trainer.config import TrainerConfig
 from cadence.trainer.trainer import Trainer
@@ -30,6 +31,7 @@ def serve(
         host=host,
         port=port,
         log_level="info",
+        http=web.http_protocol(),
         ssl_certfile=tls_cert,
         ssl_keyfile=tls_key,
     )

@@ -294,6 +294,7 @@ def serve(options: WorkerOptions) -> None:
             host=options.host,
             port=options.port,
             log_level="info",
+            http=web.http_protocol(),
             ssl_certfile=options.tls_cert,
             ssl_keyfile=options.tls_key,
         )
@@ -322,6 +323,7 @@ def serve_host(workers: list[WorkerOptions], *, host: str, port: int, grace_s: f
             host=host,
             port=port,
             log_level="warning",
+            http=web.http_protocol(),
             ssl_certfile=tls.tls_cert,
             ssl_keyfile=tls.tls_key,
         )

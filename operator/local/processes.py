@@ -27,6 +27,7 @@ from typing import IO
 import httpx
 import uvicorn
 
+from cadence.common import web
 from cadence.trainer.app import create_app
 from cadence.trainer.trainer import Trainer
 
@@ -269,7 +270,11 @@ class Children:
 async def serve_trainer(trainer: Trainer, token: str, port: int = 0) -> AsyncIterator[str]:
     """The trainer's service on 127.0.0.1 in this event loop; yields its URL."""
     config = uvicorn.Config(
-        create_app(trainer, token), host="127.0.0.1", port=port, log_level="warning"
+        create_app(trainer, token),
+        host="127.0.0.1",
+        port=port,
+        log_level="warning",
+        http=web.http_protocol(),
     )
     server = uvicorn.Server(config)
     serving = asyncio.create_task(server.serve())

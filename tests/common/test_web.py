@@ -15,8 +15,10 @@ from typing import Any
 
 import httpx
 import pytest
+import uvicorn
 from fastapi import FastAPI
 
+from cadence.common import web
 from cadence.common.web import MAX_BODY_BYTES
 from cadence.worker import calculator
 from cadence.worker.app import create_app as worker_app
@@ -170,3 +172,36 @@ def test_the_api_docs_are_not_served(service: Service) -> None:
 
 def test_open_paths_answer_without_the_token(service: Service) -> None:
     assert _send(service.app, "GET", service.open).status_code == 200
+
+
+def test_a_connection_that_never_completes_its_headers_is_closed_and_others_are_served(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """uvicorn times out only idle connections that have had a response; one that opens
+    and stalls mid-headers was held for ever. The deadline closes it, and a request that
+    completes its headers in time is answered as before."""
+    monkeypatch.setattr(web, "HEADERS_S", 0.5)
+    app = SERVICES["environment"]().app
+
+    async def go() -> tuple[bytes, int]:
+        config = uvicorn.Config(
+            app, host="127.0.0.1", port=0, log_level="error", http=web.http_protocol()
+        )
+        server = uvicorn.Server(config)
+        serving = asyncio.create_task(server.serve())
+        while not server.started:
+            await asyncio.sleep(0.01)
+        port = server.servers[0].sockets[0].getsockname()[1]
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")  # never ends its headers
+        await writer.drain()
+        closed = await asyncio.wait_for(reader.read(), timeout=60)  # b"" once closed
+        async with httpx.AsyncClient() as http:
+            answer = await http.get(f"http://127.0.0.1:{port}/healthz")
+        writer.close()
+        server.should_exit = True
+        await serving
+        return closed, answer.status_code
+
+    closed, status = asyncio.run(go())
+    assert closed == b"" and status == 200
