@@ -206,14 +206,22 @@ class Children:
                 await asyncio.sleep(0.2)
 
     async def answers(self, name: str, timeout_s: float) -> bool:
-        """Whether `name` answers /healthz with 200 within `timeout_s` (a frozen process
-        does not answer; a worker whose decoding stalled answers 503)."""
+        """Whether `name` answers /healthz within `timeout_s`, and not that it cannot work
+        (a frozen process does not answer; a worker whose decoding stalled or whose
+        engine broke answers 503 so). A trainer that cannot train answers too: a restart
+        would not change its batch."""
         try:
             async with httpx.AsyncClient(timeout=timeout_s) as http:
                 answer = await http.get(f"{self.urls[name]}/healthz")
         except httpx.HTTPError:
             return False
-        return answer.status_code == 200
+        if answer.status_code != 503:
+            return True
+        try:
+            reason = answer.json().get("reason")
+        except ValueError:
+            return False
+        return reason not in ("stalled", "broken")
 
     def send(self, name: str, sig: signal.Signals) -> None:
         """Send `sig` and return: SIGKILL, as a lost node (nothing is drained or handed

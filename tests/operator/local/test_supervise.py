@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
+import uvicorn
 
 from cadence.operator.local import supervise
 from cadence.operator.local.processes import Children
@@ -221,3 +222,46 @@ def _members(group: int) -> list[int]:
     pgrep = ["pgrep", "-g", str(group)]
     out = subprocess.run(pgrep, capture_output=True, text=True, check=False).stdout
     return [int(pid) for pid in out.split()]
+
+
+@pytest.mark.parametrize(
+    ("status", "reason", "alive"),
+    [
+        (200, None, True),
+        (503, "stalled", False),
+        (503, "broken", False),
+        (503, "cannot_train", True),
+    ],
+)
+def test_a_child_counts_as_answering_unless_silent_stalled_or_broken(
+    status: int, reason: str | None, alive: bool
+) -> None:
+    """What the supervisor kills after UNRESPONSIVE_S: a trainer that cannot train is not
+    restarted for it (its batch would not change), a stalled or broken worker is."""
+    from fastapi import FastAPI  # noqa: PLC0415
+    from fastapi.responses import JSONResponse  # noqa: PLC0415
+
+    app = FastAPI()
+
+    @app.get("/healthz")
+    async def healthz() -> JSONResponse:
+        return JSONResponse({"reason": reason, "error": "x"}, status_code=status)
+
+    async def go() -> tuple[bool, bool]:
+        config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="error")
+        server = uvicorn.Server(config)
+        serving = asyncio.create_task(server.serve())
+        while not server.started:
+            await asyncio.sleep(0.01)
+        port = server.servers[0].sockets[0].getsockname()[1]
+        children = Children(None, env={})
+        children.urls["svc"] = f"http://127.0.0.1:{port}"
+        children.urls["gone"] = "http://127.0.0.1:9"  # nothing listens
+        answered = await children.answers("svc", timeout_s=30)
+        silent = await children.answers("gone", timeout_s=30)
+        server.should_exit = True
+        await serving
+        return answered, silent
+
+    answered, silent = asyncio.run(go())
+    assert answered is alive and silent is False
