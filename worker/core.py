@@ -254,6 +254,9 @@ class WorkerCore:
                     state=_resident_state(request),
                 )
             )
+        now = self.clock.now()
+        # A lease is reported only while it runs: the loop plans nothing for a claimed
+        # trajectory, and a destination that gave up its claim never releases it.
         parked = [
             ParkedInfo(
                 id=h.id,
@@ -261,7 +264,7 @@ class WorkerCore:
                 version=h.version,
                 context=len(h.context_ids),
                 reason=h.reason,
-                claimed_until=h.lease[2] if h.lease else None,
+                claimed_until=h.lease[2] if h.lease and h.lease[2] > now else None,
             )
             for h in self.parked.values()
         ]

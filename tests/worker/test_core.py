@@ -250,3 +250,20 @@ def test_latency_is_summed_on_each_workers_own_clock_and_ignores_wall_clock_jump
     assert timings.elapsed_s == pytest.approx(pool.clock.now() - started)
     assert timings.pending_s == pytest.approx(2.0)
     assert timings.elapsed_s < 60
+
+
+def test_a_lease_whose_destination_gave_up_stops_being_reported_when_it_ends() -> None:
+    """A claim that landed after its placement timed out leaves a lease no one will
+    release; reported for ever, the loop never planned the trajectory again (a vLLM run
+    sat with three such samples parked and every worker idle)."""
+    pool = Pool()
+    a = pool.add("a")
+    asyncio.run(a.place(fresh("t", max_tokens=40)))
+    a.evict("t")
+    asyncio.run(a.claim("t", ClaimRequest(attempt=1, destination="b", lease_s=5.0)))
+    assert a.state().parked[0].claimed_until is not None
+    pool.clock.work(5.5)
+    assert a.state().parked[0].claimed_until is None
+    b = pool.add("b")
+    asyncio.run(b.place(moved("t", pool.source("a"), attempt=2)))  # supersedes the lease
+    assert pool.where_resident("t") == ["b"] and "t" not in a.parked
