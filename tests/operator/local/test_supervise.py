@@ -171,8 +171,14 @@ def test_a_host_that_stops_answering_is_killed_and_replaced_and_a_short_pause_is
 ) -> None:
     """A frozen host (SIGSTOP, a hung process) exits nothing: without a probe it would
     hold its slot for ever. One that answers again within UNRESPONSIVE_S keeps it."""
-    monkeypatch.setattr(supervise, "UNRESPONSIVE_S", 0.5)
+    monkeypatch.setattr(supervise, "UNRESPONSIVE_S", 600.0)  # the pause: far below it
     workers = [PoolWorker("h800-0", "H800", 2, 2.0)]
+
+    async def probed(sup: Supervisor, unanswered: bool) -> None:
+        async def seen() -> bool:
+            return ("host-0" in sup._unanswered_since) is unanswered
+
+        await eventually_async(seen, timeout_s=10, what=f"the probe seeing {unanswered=}")
 
     async def go() -> tuple[Supervisor, Processes]:
         children = Processes()
@@ -183,10 +189,11 @@ def test_a_host_that_stops_answering_is_killed_and_replaced_and_a_short_pause_is
             await sup.start_pool(workers, hosts=1)
             async with sup.watching():
                 children.answering.discard("host-0")  # a short pause
-                await asyncio.sleep(0.1)
+                await probed(sup, unanswered=True)
                 children.answering.add("host-0")
-                await asyncio.sleep(0.6)
+                await probed(sup, unanswered=False)
                 assert children.running("host-0") and sup.events == []
+                monkeypatch.setattr(supervise, "UNRESPONSIVE_S", 0.5)
                 children.answering.discard("host-0")  # frozen for good
                 children.answering.add("host-0-r1")
                 await _serving(sup, "host-0-r1")
