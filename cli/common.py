@@ -14,7 +14,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn, TypeAlias
 
-from pydantic import ValidationError
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from cadence.common.complaints import first_complaint
 
 PROG = "cadence"
 
@@ -74,14 +77,22 @@ def read_json(path: Path, what: str) -> object:
         raise UsageError(f"{what} {path} is not JSON: {e.msg} at line {e.lineno}") from None
 
 
-def validation_sentence(what: str, path: Path, error: ValidationError) -> str:
-    """The first of pydantic's complaints about `path` as one sentence, with a count of the rest."""
-    first = error.errors()[0]
-    where = ".".join(str(part) for part in first["loc"]) or "(top level)"
-    more = error.error_count() - 1
-    tail = f" (and {more} more)" if more else ""
-    message = first["msg"].removeprefix("Value error, ")
-    return f"{what} {path} is invalid at {where}: {message}{tail}"
+def validation_sentence(
+    what: str, path: Path, error: ValidationError, model: type[BaseModel] | None = None
+) -> str:
+    """The first of pydantic's complaints about `path` as one sentence, with a count of the
+    rest: list items named as the file names them, an unknown field with the nearest one
+    `model` knows."""
+    where, message = first_complaint(error, _readable(path), model)
+    return f"{what} {path} is invalid at {where or '(top level)'}: {message}"
+
+
+def _readable(path: Path) -> object:
+    """The file's data, to name its list items in a complaint; None if it cannot be read."""
+    try:
+        return yaml.safe_load(path.read_text())
+    except (OSError, UnicodeDecodeError, yaml.YAMLError, RecursionError):
+        return None
 
 
 # What a command module's add_* functions receive: the subparsers of `cadence` (or of

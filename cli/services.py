@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
 import re
 from pathlib import Path
@@ -173,12 +174,20 @@ def _trainer_config(path: Path) -> Any:
     except OSError as e:
         raise UsageError(f"cannot read {path}: {e.strerror}") from None
     except ValidationError as e:
-        first = e.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "the file"
-        raise UsageError(f"{path}: {where}: {first['msg']}") from None
+        from cadence.common.complaints import first_complaint  # noqa: PLC0415
+
+        where, message = first_complaint(e, _json_or_none(path), TrainerConfig)
+        raise UsageError(f"{path}: {where or 'the file'}: {message}") from None
     if not (config.model_path / "config.json").is_file():
         raise UsageError(f"{config.model_path} holds no Hugging Face model (no config.json)")
     return config
+
+
+def _json_or_none(path: Path) -> object:
+    try:
+        return json.loads(path.read_bytes())
+    except (OSError, ValueError):
+        return None
 
 
 def _cmd_environment(args: argparse.Namespace) -> int:

@@ -88,7 +88,9 @@ def load_scenario(path: Path, settings: Sequence[str] = ()) -> Scenario:
         except compare.UnknownSetting as e:
             raise UsageError(str(e)) from None
         except ValidationError as e:
-            raise UsageError(validation_sentence(f"--set {item}: scenario", path, e)) from None
+            raise UsageError(
+                validation_sentence(f"--set {item}: scenario", path, e, Scenario)
+            ) from None
     return scenario
 
 
@@ -114,7 +116,7 @@ def _read_scenario(path: Path) -> Scenario:
     except RecursionError:
         raise UsageError(f"scenario {path} nests too deeply to read") from None
     except ValidationError as e:
-        raise UsageError(validation_sentence("scenario", path, e)) from None
+        raise UsageError(validation_sentence("scenario", path, e, Scenario)) from None
 
 
 def _yaml_where(error: yaml.YAMLError) -> str:
@@ -144,6 +146,22 @@ def _vary_values(spec: str) -> tuple[str, list[object]]:
     return path, values
 
 
+def _eta_beyond_reach(scenario: Scenario, path: str, values: Sequence[object]) -> str | None:
+    """When some values of a `--vary` over eta cannot differ: a sample is at most
+    iterations - 1 versions old when trained, so every eta from there on runs alike."""
+    if path != "scheduling.eta":
+        return None
+    cap = scenario.workload.iterations - 1
+    alike = [v for v in values if isinstance(v, int) and v >= cap]
+    if len(alike) < 2:
+        return None
+    listed = ", ".join(str(v) for v in alike)
+    return (
+        f"eta {listed} cannot differ: with {cap + 1} iterations no sample is trained more "
+        f"than {cap} versions after it was generated; raise workload.iterations to compare them"
+    )
+
+
 def _compare(scenario_file: Path, name: str, call: Callable[[], R]) -> tuple[R, dict[str, float]]:
     """Run a comparison, turning refused settings into usage errors; time it in wall and
     CPU seconds (user + system, this process)."""
@@ -153,7 +171,7 @@ def _compare(scenario_file: Path, name: str, call: Callable[[], R]) -> tuple[R, 
     except compare.UnknownSetting as e:
         raise UsageError(str(e)) from None
     except ValidationError as e:
-        raise UsageError(validation_sentence("scenario", scenario_file, e)) from None
+        raise UsageError(validation_sentence("scenario", scenario_file, e, Scenario)) from None
     wall, cpu = time.perf_counter() - start, time.process_time() - cpu
     print(f"{name}: {wall:.1f} s of wall time, {cpu:.1f} s of CPU")
     return out, {"wall_seconds": round(wall, 3), "cpu_seconds": round(cpu, 3)}
@@ -223,6 +241,9 @@ def _cmd_sim(args: argparse.Namespace) -> int:
         print(f"warning: {warning}", file=sys.stderr)
     if args.vary is not None:
         path, values = _vary_values(args.vary)
+        note = _eta_beyond_reach(scenario, path, values)
+        if note is not None:
+            print(f"note: {note}", file=sys.stderr)
         with _progress() as progress:
             by_value, timing = _compare(
                 args.scenario,

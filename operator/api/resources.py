@@ -33,6 +33,7 @@ from pydantic.alias_generators import to_camel
 from pydantic.config import JsonDict
 
 from cadence.common.catalog import ACCELERATORS, MODELS
+from cadence.common.complaints import first_complaint
 from cadence.operator.scheduler.registry import POLICIES
 from cadence.sim.scenario import (
     AutoOrTokens,
@@ -1016,10 +1017,8 @@ def _blamed(pool: RolloutPool, run: TrainingRun) -> str:
     return " and ".join(f"spec.scheduler.{name}" for name in pinned)
 
 
-def _where(e: ValidationError, kind: str) -> str:
-    first = e.errors()[0]
-    path = ".".join(str(p) for p in first["loc"])
-    message = str(first["msg"]).removeprefix("Value error, ")
+def _where(e: ValidationError, kind: str, data: object, model: type[BaseModel]) -> str:
+    path, message = first_complaint(e, data, model)
     return f"{kind} {path}: {message}" if path else f"{kind}: {message}"
 
 
@@ -1044,7 +1043,7 @@ def load(path: Path) -> tuple[RolloutPool, TrainingRun]:
         try:
             found[kind] = model.model_validate(d)
         except ValidationError as e:
-            raise ResourceError(_where(e, kind)) from None
+            raise ResourceError(_where(e, kind, d, model)) from None
     for kind in ("RolloutPool", "TrainingRun"):
         if kind not in found:
             raise ResourceError(f"{path} holds no {kind}")

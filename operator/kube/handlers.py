@@ -37,6 +37,7 @@ import httpx
 import kopf
 from pydantic import BaseModel, ValidationError
 
+from cadence.common.complaints import first_complaint
 from cadence.operator.api.resources import (
     API_VERSION,
     GROUP,
@@ -119,9 +120,7 @@ def validated(model: type[BaseModel], body: Mapping[str, Any]) -> Any:
     try:
         return model.model_validate(obj)
     except ValidationError as e:
-        first = e.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        message = str(first["msg"]).removeprefix("Value error, ")
+        where, message = first_complaint(e, obj, model)
         raise Invalid(f"{where}: {message}" if where else message) from None
 
 

@@ -63,7 +63,7 @@ def test_sim_refuses_an_unknown_migration(capsys: pytest.CaptureFixture[str]) ->
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        ({"groups": [{"name": "x", "accelerator": "TPU9", "devices": 1}]}, "groups.0"),
+        ({"groups": [{"name": "x", "accelerator": "TPU9", "devices": 1}]}, "groups[x]"),
         ({"workload": {"iterations": 0}}, "workload.iterations"),
         ({"model": "GPT-9"}, "unknown model"),
         ({"surprise": 1}, "surprise"),

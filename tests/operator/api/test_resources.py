@@ -25,7 +25,7 @@ def test_the_example_validates() -> None:
     [
         (
             ("accelerator: H800", "accelerator: TPU9"),
-            "RolloutPool spec.groups.0: unknown accelerator 'TPU9'",
+            "RolloutPool spec.groups[h800]: unknown accelerator 'TPU9'",
         ),
         (
             (
@@ -43,7 +43,12 @@ def test_the_example_validates() -> None:
         (("pool: mixed", "pool: other"), "it names pool 'other'"),
         (
             ("  iterations: 30", "  iterations: 30\n    bogus: 1"),
-            "spec.batch.bogus: Extra inputs are not permitted",
+            "spec.batch.bogus: 'bogus' is not a field here",
+        ),
+        (
+            ("  iterations: 30", "  iterations: 30\n    promptsPerBach: 1"),
+            "spec.batch.promptsPerBach: 'promptsPerBach' is not a field here; "
+            "did you mean promptsPerBatch?",
         ),
         (("kind: TrainingRun", "kind: Job"), "a document of kind 'Job'"),
         (

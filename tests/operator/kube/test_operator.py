@@ -296,7 +296,8 @@ def test_an_invalid_pool_is_degraded_with_an_event_and_others_go_on(operated: Op
     )
     degraded = next(c for c in conditions if c["type"] == "Degraded")
     assert degraded["status"] == "True" and degraded["reason"] == "Invalid"
-    assert degraded["message"].startswith("spec.groups.0.nodeSelector: node selector key")
+    name = bad["spec"]["groups"][0]["name"]
+    assert degraded["message"].startswith(f"spec.groups[{name}].nodeSelector: node selector key")
     events = eventually(
         lambda: _events(cluster, "Invalid"), timeout_s=OPERATOR_S, what="an Invalid event"
     )
