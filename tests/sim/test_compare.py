@@ -7,7 +7,7 @@ import pytest
 from cadence.operator.scheduler.registry import SWEEPS
 from cadence.sim import compare
 from cadence.sim.scenario import Scenario
-from tests.helpers import TINY_SCENARIO
+from tests.helpers import SCENARIO_DIR, TINY_SCENARIO
 
 TINY = TINY_SCENARIO
 
@@ -45,3 +45,17 @@ def test_laminar_is_held_to_eta_and_its_native_variant_runs_ahead() -> None:
     assert held.max_version_lag <= 1
     assert native.max_version_lag > 1  # it does use the staleness it is allowed
     assert held.extras["settings"] == native.extras["settings"] == {}
+
+
+@pytest.mark.parametrize(
+    ("path", "value"),
+    [("scheduling.eta", 2), ("workload.prompts_per_batch", 8), ("groups.h800.devices", 16)],
+)
+def test_a_setting_keeps_a_scenarios_length_law(path: str, value: object) -> None:
+    # The shipped reasoning mix gives `response_lengths`; writing the defaults back beside
+    # it (the lognormal's median and sigmas) made every --set and --vary refuse it.
+    scenario = Scenario.load(SCENARIO_DIR / "reasoning-mix-16A16B8H.yaml")
+    assert scenario.workload.response_lengths is not None
+    changed = compare.with_setting(scenario, path, value)
+    assert changed.workload.response_lengths == scenario.workload.response_lengths
+    assert changed != scenario
