@@ -75,11 +75,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 1
-    except KeyboardInterrupt:
-        print(f"{PROG}: interrupted", file=sys.stderr)
-        return 130
     return code
 
 
 def entry() -> None:
-    sys.exit(main())
+    """The console script: `main`, with Ctrl-C as a shell expects it (status 130). `main`
+    lets KeyboardInterrupt through, so that a caller running it in process (a test
+    suite) is interrupted too rather than handed a failed command."""
+    try:
+        code = main()
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        code = 130
+    sys.exit(code)

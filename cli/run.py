@@ -14,11 +14,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
 import json
 import math
 import signal
 import sys
-import tempfile
+import time
 from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
@@ -40,11 +41,13 @@ class Terminated(Exception):
 
 async def _until_terminated(run: Coroutine[Any, Any, T]) -> T:
     """`run`, cancelled by SIGTERM as asyncio.run cancels it on Ctrl-C, so that every
-    `finally` and context on the way out (the children's stop) runs."""
+    `finally` and context on the way out (the children's stop) runs. SIGTERM's previous
+    disposition is put back afterwards, for `_terminate` to hand the signal on."""
     loop = asyncio.get_running_loop()
     task = asyncio.current_task()
     assert task is not None
     terminated = False
+    previous = signal.getsignal(signal.SIGTERM)
 
     def on_sigterm() -> None:
         nonlocal terminated
@@ -60,6 +63,37 @@ async def _until_terminated(run: Coroutine[Any, Any, T]) -> T:
         raise
     finally:
         loop.remove_signal_handler(signal.SIGTERM)
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _terminate() -> int:
+    """After a run stopped on SIGTERM: the signal again, to whatever handled it before the
+    run (by default the process ends by it, as the sender meant; a test suite running
+    `cadence run` in process stops rather than counting one failed test), or the status a
+    shell gives SIGTERM where that disposition ignores it."""
+    print(f"{PROG}: terminated", file=sys.stderr, flush=True)
+    signal.raise_signal(signal.SIGTERM)
+    return TERMINATED
+
+
+def _to_stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def _new_workdir(name: str) -> Path:
+    """`runs/NAME-YYYYmmdd-HHMMSS[-N]` under the current directory: a run's files stay
+    where the user ran it, in a folder the repository ignores, one folder per run."""
+    stem = Path("runs") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    for n in itertools.count():
+        folder = stem if n == 0 else stem.with_name(f"{stem.name}-{n}")
+        try:
+            folder.mkdir(parents=True)
+        except FileExistsError:
+            continue
+        except OSError as e:
+            raise UsageError(f"cannot make {folder}: {e.strerror or e}; give --workdir") from None
+        return folder
+    raise AssertionError("unreachable")
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -113,7 +147,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from cadence.operator.local import live, report  # noqa: PLC0415
     from cadence.operator.local import run as local  # noqa: PLC0415
 
-    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="cadence-run-"))
+    workdir = args.workdir or _new_workdir(training.metadata.name)
     try:  # held until this command exits: one run per work directory
         lock = StateLock(workdir / "run.lock", f"the work directory {workdir}")
     except StateInUse as e:
@@ -138,17 +172,20 @@ def _cmd_run(args: argparse.Namespace) -> int:
         )
         folder = workdir if len(policies) == 1 else workdir / str(name)
         view = Live(console=console, refresh_per_second=4, transient=True) if show else None
-        shown = None if view is None else (lambda p, v=view: v.update(live.render(p)))
-        with view or contextlib.nullcontext():
-            try:
+        shown = (
+            live.Lines(args.compression, _to_stderr)
+            if view is None
+            else (lambda p, v=view: v.update(live.render(p)))
+        )
+        try:
+            with view or contextlib.nullcontext():
                 result = asyncio.run(
                     _until_terminated(local.run(pool, training, folder, options, shown))
                 )
-            except RuntimeError as e:
-                raise RunFailed(str(e)) from None
-            except Terminated:
-                print(f"{PROG}: terminated", file=sys.stderr)
-                return TERMINATED
+        except RuntimeError as e:
+            raise RunFailed(str(e)) from None
+        except Terminated:
+            return _terminate()
         result.measures["workdir"] = str(folder)
         results.append(result)
     page = report.write(workdir, results)
@@ -193,7 +230,9 @@ def add_run(sub: Commands) -> None:
         "--compression",
         type=float,
         default=None,
-        help="emulated accelerators' speed against the real ones (default: the pool's "
+        help="emulated accelerators' speed as a fraction of the real ones': 0.1 runs every "
+        "step ten times slower than on the real accelerator, so that a small machine keeps "
+        "pace; lower it when the run warns that it falls behind (default: the pool's "
         "emulatedSpeed)",
     )
     rn.add_argument(
@@ -222,5 +261,7 @@ def add_run(sub: Commands) -> None:
         action=argparse.BooleanOptionalAction,
         help="show the live view (default: when stderr is a terminal)",
     )
-    rn.add_argument("--workdir", type=Path, help="keep the run's files here (default: temp)")
+    rn.add_argument(
+        "--workdir", type=Path, help="keep the run's files here (default: runs/NAME-TIME)"
+    )
     rn.set_defaults(run=_cmd_run)

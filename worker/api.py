@@ -142,6 +142,15 @@ class StepCostInfo(_Body):
     prefill_token_s: float = Field(default=0.0, ge=0, allow_inf_nan=False)
 
 
+class Pace(_Body):
+    """An emulated engine's pace: the modelled seconds of every step so far (compressed,
+    as the host should have spent them) and the seconds the host ran past those steps'
+    deadlines. Their ratio says how much slower than modelled the emulation runs."""
+
+    modelled_s: float = Field(ge=0, allow_inf_nan=False)
+    late_s: float = Field(ge=0, allow_inf_nan=False)
+
+
 class MoveCounts(_Body):
     """Moves into this worker since it started, by kind. `kv` counts placements that
     pulled the source's KV blocks, `kv_fallbacks` pulls that failed or timed out and
@@ -175,6 +184,7 @@ class WorkerState(_Body):
     parked: list[ParkedInfo]
     draining: bool
     fell_behind: bool = False  # an emulated engine that could not keep its pace
+    pace: Pace | None = None  # an emulated engine's; None on a real one
     preemptions: int = 0  # residents the engine preempted for lack of KV (floor too low)
     delivering: list[str] = []  # finished, in the outbox, not yet taken by the trainer
     max_seqs: int | None = Field(default=None, ge=1)

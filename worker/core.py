@@ -281,6 +281,7 @@ class WorkerCore:
             parked=parked,
             draining=self.draining,
             fell_behind=self.engine.fell_behind,
+            pace=self.engine.pace,
             preemptions=self.engine.preemptions,
             delivering=[d.id for d in self.outbox.queue] if self.outbox is not None else [],
             max_seqs=self.engine.max_seqs,

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Literal, Protocol
 
 from cadence.common.physics import Deployment, transfer_s
-from cadence.worker.api import StepCostInfo
+from cadence.worker.api import Pace, StepCostInfo
 from cadence.worker.engine import Clock, EngineRequest, MonotonicClock, PullOutcome, RoomError
 
 # The modelled intra-cluster link a pull crosses: one 200G NIC, 21.7 GB/s measured
@@ -217,6 +217,10 @@ class EmulatedEngine:
     @property
     def fell_behind(self) -> bool:
         return self.pacer.fell_behind
+
+    @property
+    def pace(self) -> Pace | None:
+        return Pace(modelled_s=self.pacer.scheduled_total_s, late_s=self.pacer.lag_s)
 
     def used_tokens(self) -> int:
         return sum(r.context for r in self.requests.values() if not r.preempted)

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Protocol
 
-from cadence.worker.api import Sampling, StepCostInfo
+from cadence.worker.api import Pace, Sampling, StepCostInfo
 
 
 class Clock(Protocol):
@@ -108,6 +108,9 @@ class Engine(Protocol):
 
     @property
     def fell_behind(self) -> bool: ...
+
+    @property
+    def pace(self) -> Pace | None: ...  # an emulated engine's modelled and late seconds
 
     @property
     def preemptions(self) -> int: ...  # residents the engine preempted for lack of KV

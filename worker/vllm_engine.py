@@ -29,12 +29,13 @@ import asyncio
 import contextlib
 import hashlib
 import itertools
+import multiprocessing
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from cadence.worker.api import StepCostInfo
+from cadence.worker.api import Pace, StepCostInfo
 from cadence.worker.engine import EngineRequest, PullOutcome, RoomError
 
 # Tokens per KV block (vLLM's `block_size`): KV is sized and moved in these.
@@ -192,6 +193,10 @@ class VllmEngine:
     @property
     def fell_behind(self) -> bool:
         return False  # real time is the only time a real engine has
+
+    @property
+    def pace(self) -> Pace | None:
+        return None
 
     @property
     def preemptions(self) -> int:
@@ -370,3 +375,6 @@ class VllmEngine:
         for task in self._tasks.values():
             task.cancel()
         self.llm.shutdown()
+        # Reap the engine-core process vLLM ended: unreaped, it stays a zombie for as long
+        # as this process lives (a test session holds engines for its whole run).
+        multiprocessing.active_children()

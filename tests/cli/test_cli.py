@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import json
+import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -12,7 +15,9 @@ from pathlib import Path
 import pytest
 
 from cadence.cli import main
+from cadence.cli import run as run_cli
 from cadence.common.statelock import StateLock
+from tests.helpers import TINY_SCENARIO
 
 FIGURE8 = Path(__file__).parents[2] / "bench" / "snapshots" / "figure8.json"
 
@@ -63,7 +68,7 @@ def test_invalid_snapshot_names_the_field(
     bad.write_text(json.dumps(snap))
     code, _, err = _run(["plan", str(bad)], capsys)
     assert code == 2
-    assert "workers.1.capacity" in err
+    assert "workers[" + snap["workers"][1]["id"] + "].capacity" in err
     bad.write_text("{not json")
     code, _, err = _run(["plan", str(bad)], capsys)
     assert code == 2
@@ -196,3 +201,63 @@ def test_a_second_run_or_trainer_on_a_directory_in_use_is_refused_in_one_sentenc
     err = capsys.readouterr().err
     assert f"the trainer state directory {state} is in use" in err and err.count("\n") == 1
     trainer.release()
+
+
+def test_a_vary_over_eta_says_which_values_cannot_differ(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "vary.json"
+    argv = ["sim", "--scenario", str(TINY_SCENARIO), "--policies", "cadence"]
+    assert main([*argv, "--vary", "scheduling.eta=0,2,5", "--json", str(out)]) == 0
+    err = capsys.readouterr().err
+    # Three iterations: no sample is trained more than two versions after it was made.
+    assert "note: eta 2, 5 cannot differ: with 3 iterations" in err
+    runs = json.loads(out.read_text())["values"]
+    two, five = (
+        {k: v for k, v in runs[eta]["cadence"].items() if k != "staleness_bound"}
+        for eta in ("2", "5")
+    )
+    assert two == five
+    assert runs["0"]["cadence"]["throughput_tok_s"] != two["throughput_tok_s"]
+    assert main([*argv, "--vary", "scheduling.eta=0,1", "--json", str(out)]) == 0
+    assert "cannot differ" not in capsys.readouterr().err
+
+
+def test_ctrl_c_reaches_whoever_called_main(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A test suite running a command in process must be interrupted by Ctrl-C, not handed
+    # a failed command to count and go on; the console script answers 130 itself.
+    def interrupted(args: object) -> int:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(run_cli, "_cmd_run", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        main(["run", "manifests/examples/longtail.yaml"])
+
+
+def test_sigterm_during_a_run_is_handed_on_to_the_previous_handler() -> None:
+    seen: list[int] = []
+
+    async def run_until_signalled() -> None:
+        os.kill(os.getpid(), signal.SIGTERM)
+        await asyncio.sleep(30)
+
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: seen.append(signum))
+    try:
+        with pytest.raises(run_cli.Terminated):
+            asyncio.run(run_cli._until_terminated(run_until_signalled()))
+        assert seen == []  # the run's own handler took it, to stop its children first
+        assert run_cli._terminate() == 143
+        assert seen == [signal.SIGTERM]
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def test_a_run_without_a_workdir_keeps_its_files_in_an_ignored_runs_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    first, second = run_cli._new_workdir("longtail"), run_cli._new_workdir("longtail")
+    assert first.parent == second.parent == Path("runs") and first != second
+    assert first.is_dir() and first.name.startswith("longtail-")
+    ignored = (Path(__file__).parents[2] / ".gitignore").read_text().split()
+    assert "runs/" in ignored
