@@ -12,7 +12,27 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
+from cadence.common.captions import captioned
 from cadence.sim.core import Result
+
+THROUGHPUT_CAPTION = (
+    "Decode throughput over simulated time, one line per policy: the arc falls when a "
+    "version's short work runs out and its long tail remains; a policy that keeps it high "
+    "keeps its accelerators busy through the tail."
+)
+CONTEXT_CAPTION = (
+    "Mean context of the resident trajectories per accelerator type: concentration shows "
+    "as the highest-affinity type's line rising while the long tail runs there."
+)
+TRAJECTORY_CAPTION = (
+    "One long trajectory under each policy: its share of its worker's KV while resident "
+    "(gaps: waiting to be placed) and its tokens generated; a steeper lower line is a "
+    "trajectory that finished sooner."
+)
+SWEEP_CAPTION = (
+    "Throughput (left) and P95 latency (right) at each value of the setting: a value "
+    "worth choosing raises the left without raising the right."
+)
 
 
 def _smoothed(values: list[float], window: int) -> list[float]:
@@ -39,7 +59,7 @@ def throughput_arc(results: list[Result], path: Path, window_s: float = 30.0) ->
     ax.set_ylabel(f"decode tokens/s ({window_s:.0f} s mean)")
     ax.set_title("Throughput arc")
     ax.legend()
-    fig.tight_layout()
+    captioned(fig, THROUGHPUT_CAPTION)
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
@@ -60,7 +80,7 @@ def context_by_accelerator(result: Result, path: Path, window_s: float = 30.0) -
     ax.set_ylabel("mean resident context (tokens)")
     ax.set_title(f"Mean context per accelerator type: {result.policy}")
     ax.legend()
-    fig.tight_layout()
+    captioned(fig, CONTEXT_CAPTION)
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
@@ -86,7 +106,7 @@ def long_trajectory(results: list[Result], path: Path) -> Path:
     share.legend()
     progress.set_xlabel("seconds since its first step")
     progress.set_ylabel("tokens generated")
-    fig.tight_layout()
+    captioned(fig, TRAJECTORY_CAPTION)
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
@@ -117,7 +137,7 @@ def knob_sweep(path_name: str, by_value: dict[object, list[Result]], path: Path)
     right.set_ylabel("P95 latency (s)")
     left.legend()
     fig.suptitle(f"Sweep of {path_name}")
-    fig.tight_layout()
+    captioned(fig, SWEEP_CAPTION)
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path

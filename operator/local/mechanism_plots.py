@@ -17,6 +17,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
+from cadence.common.captions import captioned
 from cadence.operator.local.mechanism import Event, Sample, newest_version, role
 
 _ROLE_COLOURS = {"tail": "#f4c7a1", "throughput": "#c9dcf2"}
@@ -30,6 +31,23 @@ _EVENT_STYLE = {  # (marker, colour, label)
     ("place", "move"): ("^", "#2ca02c", "moved in"),
     ("advance", ""): ("|", "#1f77b4", "advanced"),
 }
+
+
+WORKERS_CAPTION = (
+    "Each worker's resident context (black, left axis) and batch (blue, right axis), shaded "
+    "by role: a tail worker (orange) finishes an older version's long trajectories while "
+    "throughput workers (blue) take fresh work; under Cadence the tail sits on the "
+    "highest-affinity workers, listed first."
+)
+TRAJECTORY_CAPTION = (
+    "The longest trajectory that moved: the worker it was resident on and its context over "
+    "time; a red mark is an eviction, a green one a placement, and after a move its context "
+    "goes on growing where it landed instead of starting again."
+)
+EVENTS_CAPTION = (
+    "What the scheduler did, a row per worker: evictions come as workers reach their KV "
+    "floor, moves place evicted work elsewhere, advances follow each new policy version."
+)
 
 
 def _workers(timeline: Sequence[Sample]) -> list[str]:
@@ -72,7 +90,7 @@ def workers(timeline: Sequence[Sample], path: Path, title: str) -> bool:
         twin.tick_params(labelsize=7)
     axes[-1].set_xlabel("seconds since start (shaded: orange tail role, blue throughput role)")
     fig.suptitle(f"{title}: resident context and batch per worker", fontsize=10)
-    fig.tight_layout()
+    captioned(fig, WORKERS_CAPTION)
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return True
@@ -122,7 +140,7 @@ def trajectory(timeline: Sequence[Sample], events: Sequence[Event], path: Path, 
     bottom.set_xlabel("seconds since start")
     for ax in (top, bottom):
         ax.grid(alpha=0.3)
-    fig.tight_layout()
+    captioned(fig, TRAJECTORY_CAPTION)
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return True
@@ -157,7 +175,7 @@ def timeline_of_events(
     ax.set_title(f"{title}: evictions, moves and advances", fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    fig.tight_layout()
+    captioned(fig, EVENTS_CAPTION)
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return True

@@ -23,6 +23,7 @@ from matplotlib.figure import Figure
 from rich import box
 from rich.table import Table
 
+from cadence.common.captions import captioned
 from cadence.operator.local import mechanism_plots
 from cadence.operator.local.run import RunResult
 
@@ -146,18 +147,26 @@ def _throughput(results: list[RunResult], path: Path) -> bool:
     for r in results:
         if not r.arrivals:
             continue
-        span = max(f for f, _, _ in r.arrivals) - r.started_at
+        # The whole run, not up to its last delivery: the last update and the wait for
+        # it come after, and a run that delivered nothing for a while shows it.
+        span = max(_wall_s(r), max(f for f, _, _ in r.arrivals) - r.started_at)
         bucket_s = max(1.0, span / 30)
         buckets: dict[int, int] = defaultdict(int)
         for finished_at, tokens, _ in r.arrivals:
             buckets[int((finished_at - r.started_at) // bucket_s)] += tokens
-        last = max(buckets)
-        xs = [i * bucket_s for i in range(last + 1)]
+        last = max(*buckets, math.ceil(span / bucket_s) - 1)
+        xs = [(i + 0.5) * bucket_s for i in range(last + 1)]
         ax.plot(xs, [buckets.get(i, 0) / bucket_s for i in range(last + 1)], label=_label(r))
+    ax.set_xlim(0, max((_wall_s(r) for r in results), default=1.0))
     ax.set_xlabel("seconds since start")
     ax.set_ylabel("tokens/s delivered")
     ax.set_title("Throughput over time")
     return _save(fig, ax, path, len(results) > 1)
+
+
+def _wall_s(r: RunResult) -> float:
+    wall = r.measures.get("wall_seconds")
+    return float(wall) if isinstance(wall, int | float) else 0.0
 
 
 def _context(results: list[RunResult], path: Path) -> bool:
@@ -175,6 +184,7 @@ def _context(results: list[RunResult], path: Path) -> bool:
         for accel, (xs, ys) in sorted(series.items()):
             label = accel if len(results) == 1 else f"{_label(r)} {accel}"
             ax.plot(xs, ys, label=label)
+    ax.set_xlim(0, max((_wall_s(r) for r in results), default=1.0))
     ax.set_xlabel("seconds since start")
     ax.set_ylabel("mean resident context (tokens)")
     ax.set_title("Mean context per accelerator type")
@@ -212,10 +222,32 @@ def _save(fig: Figure, ax: Axes, path: Path, legend: bool) -> bool:
         if legend:
             ax.legend(fontsize=8)
         ax.grid(alpha=0.3)
-        fig.tight_layout()
+        captioned(fig, caption(path.name))
         fig.savefig(path, dpi=100)
     plt.close(fig)
     return drawn
+
+
+# What to look for in each plot, by the name it has in the run's folder (a policy's
+# mechanism plots end in `-POLICY` under --compare). Under the plot in its PNG and in the page.
+CAPTIONS = {
+    "throughput": "Tokens the trainer accepted per second, over the whole run: a steady "
+    "plateau is a pool kept busy; dips line up with version advances or struck workers.",
+    "context": "Mean context of the resident trajectories per accelerator type: as short "
+    "work runs out, the long tail gathers on the highest-affinity type and its line rises.",
+    "latency_cdf": "Share of samples delivered within a latency (first step to delivery): "
+    "the P95 is where a curve crosses 0.95; further left is a shorter tail.",
+    "reward": "Mean reward of the samples generated under each policy version: rising "
+    "means the trainer learns from what the pool generated.",
+    "workers": mechanism_plots.WORKERS_CAPTION,
+    "trajectory": mechanism_plots.TRAJECTORY_CAPTION,
+    "events": mechanism_plots.EVENTS_CAPTION,
+}
+
+
+def caption(name: str) -> str:
+    stem = name.removesuffix(".png")
+    return CAPTIONS.get(stem, CAPTIONS.get(stem.split("-")[0], ""))
 
 
 def _html(results: list[RunResult], images: list[str]) -> str:
@@ -230,11 +262,18 @@ def _html(results: list[RunResult], images: list[str]) -> str:
     for label, cell in MECHANISM_ROWS:
         cells = "".join(f"<td>{html.escape(cell(r.measures))}</td>" for r in results)
         rows.append(f"<tr><th>{html.escape(label)}</th>{cells}</tr>")
-    figures = "".join(f'<p><img src="{name}" alt="{name}"></p>' for name in images)
+    last = "".join(f"<td>{html.escape(_reward_line(r))}</td>" for r in results)
+    rows.append(f"<tr><th>reward first -&gt; last</th>{last}</tr>")
+    figures = "".join(
+        f'<figure><img src="{name}" alt="{html.escape(caption(name))}">'
+        f"<figcaption>{html.escape(caption(name))}</figcaption></figure>"
+        for name in images
+    )
     return (
         "<!doctype html><meta charset=utf-8><title>cadence run</title>"
         "<style>body{font-family:sans-serif;max-width:60em;margin:2em auto}"
-        "td,th{padding:.2em .8em;text-align:right}th:first-child{text-align:left}</style>"
+        "td,th{padding:.2em .8em;text-align:right}th:first-child{text-align:left}"
+        "figure{margin:2em 0}figcaption{color:#444;font-size:.9em}</style>"
         f"<h1>cadence run</h1><table><tr><th></th>{head}</tr>{''.join(rows)}</table>"
         f"{figures}<p>Measures as JSON: <a href=run.json>run.json</a></p>\n"
     )
