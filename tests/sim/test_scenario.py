@@ -5,17 +5,20 @@ from __future__ import annotations
 
 import json
 import random
+import re
+import typing
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from cadence.operator.scheduler import CadencePolicy
+from cadence.sim import compare
 from cadence.sim.core import Simulation
 from cadence.sim.scenario import Scenario
-from tests.helpers import TINY_SCENARIO
+from tests.helpers import SCENARIO_DIR, TINY_SCENARIO
 
 TINY = TINY_SCENARIO
 
@@ -135,3 +138,31 @@ def test_a_recorded_latency_beyond_a_week_is_refused(tmp_path: Path) -> None:
     law = {"law": "empirical", "path": "latency.txt"}
     with pytest.raises(ValidationError, match="holds a latency above 604800 s"):
         Scenario.load(_write(tmp_path, {"env_latency": law}))
+
+
+def _fields(model: type[BaseModel]) -> set[str]:
+    """Every field of a model and of the models in its fields, by name."""
+    out: set[str] = set()
+    for name, info in model.model_fields.items():
+        out.add(name)
+        for inner in _models_in(info.annotation):
+            out |= _fields(inner)
+    return out
+
+
+def _models_in(annotation: object) -> list[type[BaseModel]]:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [m for arg in typing.get_args(annotation) for m in _models_in(arg)]
+
+
+def test_the_template_names_every_field_and_runs_as_written() -> None:
+    template = SCENARIO_DIR / "template.yaml"
+    text = template.read_text()
+    named = set(re.findall(r"([a-z0-9_]+):", text))
+    missing = _fields(Scenario) - named
+    assert not missing, f"template.yaml does not name {sorted(missing)}"
+    scenario = Scenario.load(template)
+    assert [g.price_per_hour for g in scenario.groups] == [2.5, 0.9]
+    (result,) = compare.run(scenario, ["cadence"], {})
+    assert result.throughput_tok_s > 0 and result.tokens_per_dollar is not None
