@@ -6,6 +6,7 @@ works from every folder)."""
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -43,13 +44,51 @@ def _last(value: object, error: BaseException | None) -> str:
     return f"the last value was {shown[:300]}{'...' if len(shown) > 300 else ''}"
 
 
+MAX_SLOWDOWN = 8.0  # a wait stretches this far at most, inside pytest-timeout's bound
+
+
+def slowdown() -> float:
+    """How much slower than on an idle machine work runs here now: the last minute's load
+    average per CPU, from 1 (idle or less) to MAX_SLOWDOWN."""
+    try:
+        load = os.getloadavg()[0]
+    except OSError:  # no load average on this platform
+        return 1.0
+    return min(MAX_SLOWDOWN, max(1.0, load / (os.cpu_count() or 1)))
+
+
+class LoadedDeadline:
+    """A wait's budget of `seconds` as an idle machine would spend them: each stretch of
+    wall time counts divided by the machine's slowdown at the time, so a test that waits
+    on a state passes on a machine loaded ten deep, and still fails when the state never
+    comes."""
+
+    def __init__(self, seconds: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.seconds = seconds
+        self.clock = clock
+        self.last = self.started = clock()
+        self.used = 0.0
+
+    def spent(self) -> bool:
+        now = self.clock()
+        self.used += (now - self.last) / slowdown()
+        self.last = now
+        return self.used > self.seconds
+
+    def __str__(self) -> str:
+        wall = self.last - self.started
+        return f"{self.seconds} s" + (
+            f" ({wall:.0f} s of a loaded machine)" if wall > self.seconds + 1 else ""
+        )
+
+
 def eventually(
     predicate: Callable[[], T | Falsy], *, timeout_s: float, what: str, every_s: float = 0.05
 ) -> T:
     """The first truthy value of `predicate()`, tried every `every_s` for up to
     `timeout_s`; an exception counts as not yet. Fails the test naming `what` was awaited
     and the last value or exception seen."""
-    deadline = time.monotonic() + timeout_s
+    budget = LoadedDeadline(timeout_s)
     while True:
         error: BaseException | None = None
         value: Any = None
@@ -60,8 +99,8 @@ def eventually(
         else:
             if value:
                 return value  # type: ignore[no-any-return]
-        if time.monotonic() > deadline:
-            pytest.fail(f"not within {timeout_s} s: {what}; {_last(value, error)}")
+        if budget.spent():
+            pytest.fail(f"not within {budget}: {what}; {_last(value, error)}")
         time.sleep(every_s)
 
 
@@ -74,7 +113,7 @@ async def eventually_async(
 ) -> T:
     """`eventually` for a coroutine predicate, awaited on the running loop (which the
     waiting does not block)."""
-    deadline = time.monotonic() + timeout_s
+    budget = LoadedDeadline(timeout_s)
     while True:
         error: BaseException | None = None
         value: Any = None
@@ -85,6 +124,6 @@ async def eventually_async(
         else:
             if value:
                 return value  # type: ignore[no-any-return]
-        if time.monotonic() > deadline:
-            pytest.fail(f"not within {timeout_s} s: {what}; {_last(value, error)}")
+        if budget.spent():
+            pytest.fail(f"not within {budget}: {what}; {_last(value, error)}")
         await asyncio.sleep(every_s)
