@@ -18,6 +18,7 @@ from pathlib import Path
 
 import uvicorn
 
+from cadence.common import web
 from cadence.common.catalog import ACCELERATORS, MODELS
 from cadence.common.physics import deploy
 from cadence.worker.api import FreshStart, PlaceRequest, Sampling
@@ -43,7 +44,7 @@ async def _bench(model_path: Path, residents: int, requests: int) -> dict[str, o
     peers = Peers(token)
     core = WorkerCore(Identity("bench-0", "H800", 2), engine, clock, peers.claim, peers.release, 0)
     config = uvicorn.Config(create_app(core, token), host="127.0.0.1", port=0, log_level="error")
-    server = uvicorn.Server(config)
+    server = web.EmbeddedServer(config)
     serving = asyncio.create_task(server.serve())
     while not server.started:
         await asyncio.sleep(0.01)

@@ -27,11 +27,12 @@ import json
 import os
 import sqlite3
 import ssl
-from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import httpx
+import uvicorn
 from fastapi import Depends, FastAPI, Request, Response
 from fastapi.dependencies.models import Dependant
 from fastapi.exceptions import RequestValidationError
@@ -331,6 +332,17 @@ def http_protocol() -> type[asyncio.Protocol]:
 
         base = H11Protocol
     return type("DeadlineHttpProtocol", (_HeadersDeadline, base), {})
+
+
+class EmbeddedServer(uvicorn.Server):
+    """A uvicorn server run inside a program that owns its signals (a bench, a test
+    suite): uvicorn's own `serve()` takes SIGINT and SIGTERM for as long as it serves,
+    so Ctrl-C only asked it to shut down (and waited on any request still open) instead
+    of reaching the program. Its owner stops it with `should_exit`."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
 
 
 def background(work: Callable[[], Coroutine[Any, Any, None]] | None) -> Any:

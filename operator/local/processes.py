@@ -284,7 +284,7 @@ async def serve_trainer(trainer: Trainer, token: str, port: int = 0) -> AsyncIte
         log_level="warning",
         http=web.http_protocol(),
     )
-    server = uvicorn.Server(config)
+    server = web.EmbeddedServer(config)
     serving = asyncio.create_task(server.serve())
     while not server.started:
         if serving.done():

@@ -8,6 +8,9 @@ the reference environment."""
 from __future__ import annotations
 
 import asyncio
+import signal
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -187,7 +190,7 @@ def test_a_connection_that_never_completes_its_headers_is_closed_and_others_are_
         config = uvicorn.Config(
             app, host="127.0.0.1", port=0, log_level="error", http=web.http_protocol()
         )
-        server = uvicorn.Server(config)
+        server = web.EmbeddedServer(config)
         serving = asyncio.create_task(server.serve())
         while not server.started:
             await asyncio.sleep(0.01)
@@ -205,3 +208,49 @@ def test_a_connection_that_never_completes_its_headers_is_closed_and_others_are_
 
     closed, status = asyncio.run(go())
     assert closed == b"" and status == 200
+
+
+_SERVES_THEN_WAITS = """
+import asyncio
+import uvicorn
+from fastapi import FastAPI
+from cadence.common import web
+
+app = FastAPI()
+
+@app.get("/slow")
+async def slow():
+    await asyncio.sleep(600)
+
+async def main():
+    server = web.EmbeddedServer(uvicorn.Config(app, port=0, log_level="warning"))
+    serving = asyncio.create_task(server.serve())
+    while not server.started:
+        await asyncio.sleep(0.01)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(b"GET /slow HTTP/1.1\\r\\nHost: x\\r\\n\\r\\n")  # open while it serves
+    await writer.drain()
+    print("serving", flush=True)
+    await asyncio.sleep(600)
+
+asyncio.run(main())
+"""
+
+
+def test_ctrl_c_reaches_a_program_that_serves_in_process() -> None:
+    # uvicorn's own Server takes SIGINT while it serves, then waits for open requests to
+    # end: a bench or a test suite running the trainer in process was not interrupted.
+    program = subprocess.Popen(
+        [sys.executable, "-c", _SERVES_THEN_WAITS],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert program.stdout is not None and program.stdout.readline() == "serving\n"
+        program.send_signal(signal.SIGINT)
+        _, err = program.communicate(timeout=60)
+    finally:
+        program.kill()
+    assert program.returncode != 0 and "KeyboardInterrupt" in err

@@ -11,6 +11,7 @@ from pathlib import Path
 import httpx
 import uvicorn
 
+from cadence.common import web
 from cadence.worker import calculator, serve
 from cadence.worker.tools import HttpEnvironment, ToolUse
 from tests.helpers import eventually_async
@@ -47,7 +48,7 @@ def test_a_worker_is_answered_by_an_environment_that_takes_the_pools_token(
     config = uvicorn.Config(
         calculator.create_app(TOKEN), host="127.0.0.1", port=port, log_level="warning"
     )
-    server = uvicorn.Server(config)
+    server = web.EmbeddedServer(config)
 
     async def started() -> bool:
         return server.started

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import uvicorn
 
+from cadence.common import web
 from cadence.operator.local import supervise
 from cadence.operator.local.processes import Children
 from cadence.operator.local.supervise import PoolWorker, Supervisor
@@ -256,7 +257,7 @@ def test_a_child_counts_as_answering_unless_silent_stalled_or_broken(
 
     async def go() -> tuple[bool, bool]:
         config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="error")
-        server = uvicorn.Server(config)
+        server = web.EmbeddedServer(config)
         serving = asyncio.create_task(server.serve())
         while not server.started:
             await asyncio.sleep(0.01)
