@@ -51,14 +51,16 @@ def longest_trajectory(pool: RolloutPool) -> int:
 def group_plans(pool: RolloutPool, run: TrainingRun) -> dict[str, tuple[int, int]]:
     """(tensor-parallel degree, KV tokens) of one worker of each group: at the group's
     degree, or (unset) at the smallest degree that holds the longest trajectory with the
-    floor and reserve to spare; the largest degree if none does. The operator starts
-    each worker at this degree, so what it plans with is what runs."""
+    floor and reserve to spare; the largest degree if none does. A degree never exceeds
+    the devices a group's pods request. The operator starts each worker at this degree,
+    so what it plans with is what runs."""
     model = MODELS[run.spec.model.catalog]
     need = required_capacity(longest_trajectory(pool), knobs_of(run))
     out = {}
     for g in pool.spec.groups:
         acc, util = sim_group(g).resolve(), g.engine.memory_utilization
-        degrees = (g.engine.tensor_parallel,) if g.engine.tensor_parallel else TP_DEGREES
+        fit = [d for d in TP_DEGREES if g.devices is None or d <= g.devices] or [1]
+        degrees = (g.engine.tensor_parallel,) if g.engine.tensor_parallel else fit
         for tp in degrees:
             out[g.name] = (tp, kv_capacity_tokens(model, acc, tp, util))
             if out[g.name][1] >= need:

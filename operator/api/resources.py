@@ -341,7 +341,37 @@ class GroupSettings(_Spec):
                 f"minReplicas <= replicas <= maxReplicas does not hold "
                 f"({self.min_replicas}, {self.replicas}, {self.max_replicas})"
             )
+        tp, devices = self.engine.tensor_parallel, self.devices
+        if tp is not None and devices is not None and tp > devices:
+            raise ValueError(
+                f"engine.tensorParallel {tp} needs {tp} devices in each worker pod, but "
+                f"its resources request {devices}"
+            )
         return self
+
+    @property
+    def devices(self) -> int | None:
+        """The accelerator devices each worker pod requests (nvidia.com/gpu, amd.com/gpu,
+        huawei.com/Ascend910, ...); None when its resources name none (an emulated
+        group, or devices a platform attaches by other means)."""
+        counts = [
+            int(value)
+            for key, value in self.resources.items()
+            if key.startswith(ACCELERATOR_RESOURCES) and str(value).isdigit()
+        ]
+        return sum(counts) if counts else None
+
+
+# Extended resources that are accelerator devices a tensor-parallel degree uses.
+ACCELERATOR_RESOURCES = (
+    "nvidia.com/",
+    "amd.com/gpu",
+    "huawei.com/ascend",
+    "huawei.com/Ascend",
+    "intel.com/gpu",
+    "habana.ai/",
+    "iluvatar.ai/",
+)
 
 
 class PoolGroup(GroupSettings):

@@ -6,8 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import yaml
 
-from cadence.operator.api.resources import ResourceError, load
+from cadence.operator.api.capacity import group_plans
+from cadence.operator.api.resources import ResourceError, RolloutPool, TrainingRun, load
 from tests.helpers import TRAINING_RUN
 
 EXAMPLE = TRAINING_RUN
@@ -52,6 +54,14 @@ def test_the_example_validates() -> None:
         ),
         (("kind: TrainingRun", "kind: Job"), "a document of kind 'Job'"),
         (
+            (
+                'resources: {nvidia.com/gpu: "1"}',
+                'resources: {nvidia.com/gpu: "1"}\n      engine: {tensorParallel: 2}',
+            ),
+            "RolloutPool spec.groups[h800]: engine.tensorParallel 2 needs 2 devices in each "
+            "worker pod, but its resources request 1",
+        ),
+        (
             ("spec:\n  groups:", "spec:\n  emulatedSpeed: 0\n  groups:"),
             "RolloutPool spec.emulatedSpeed: Input should be greater than 0",
         ),
@@ -72,3 +82,24 @@ def test_a_bad_file_names_the_field_and_the_reason(
         load(bad)
     assert message in str(e.value)
     assert "\n" not in str(e.value)
+
+
+def test_an_automatic_degree_never_exceeds_the_devices_a_pod_requests(tmp_path: Path) -> None:
+    def plans(gpus: str) -> dict[str, tuple[int, int]]:
+        # Qwen3-32B on one H800 holds about 17,000 tokens of KV: 32,768-token contexts
+        # need two devices, which the planner takes only where the pods have them.
+        text = EXAMPLE.read_text().replace("catalog: Qwen3-8B", "catalog: Qwen3-32B")
+        text = text.replace(
+            'nvidia.com/gpu: "1"',
+            f'nvidia.com/gpu: "{gpus}"}}\n      engine: {{maxModelLen: 32768',
+        )
+        path = tmp_path / f"{gpus}.yaml"
+        path.write_text(text)
+        documents = list(yaml.safe_load_all(path.read_text()))
+        pool = RolloutPool.model_validate(documents[0])
+        run = TrainingRun.model_validate(documents[1])
+        assert pool.spec.groups[0].devices == int(gpus)
+        return group_plans(pool, run)
+
+    assert plans("4")["h800"][0] > 1
+    assert plans("1")["h800"][0] == 1
