@@ -334,17 +334,19 @@ class Reconciler:
         events: Events,
     ) -> None:
         """A pod whose template the group's spec no longer matches (a node selector,
-        resources, the image, engine settings changed) is replaced, one at a time and
-        only while every other pod is ready: it is deleted, its SIGTERM drains it, and
-        the next reconcile makes its replacement from the new template. A stale pod that
-        is not ready goes first."""
+        resources, the image, engine settings changed) is replaced, one at a time: it is
+        deleted, its SIGTERM drains it, and the next reconcile makes its replacement from
+        the new template. A stale pod that is not ready goes first, and at once, since it
+        serves nothing; a ready one only while every other pod is ready (waiting for
+        stale pods that cannot become ready would leave the group on a broken template
+        for ever)."""
         pod = children.worker_pod(pool, group, body, run, 0)
         wanted = pod["metadata"]["labels"][children.TEMPLATE_LABEL]
         stale = [p for p in live if p["metadata"]["labels"].get(children.TEMPLATE_LABEL) != wanted]
         if not stale:
             return
         pick = min(stale, key=lambda p: (_ready(p), p["metadata"]["name"]))
-        if not all(_ready(p) for p in live if p is not pick):
+        if _ready(pick) and not all(_ready(p) for p in live if p is not pick):
             return  # another pod is not serving: replacing this one now would leave less
         name = pick["metadata"]["name"]
         await self.kube.delete(path("v1", "pods", group.metadata.namespace, name))

@@ -279,3 +279,31 @@ def test_a_pool_edit_reaches_its_group_and_rolls_its_pods_one_at_a_time() -> Non
     assert len(selectors()) == 3
     assert sum(e[0] == "Replaced" for e in events) == 3
     assert any(e[0] == "Updated" and "nodeSelector" in e[1] for e in events)
+
+
+def test_stale_pods_that_never_became_ready_are_replaced_without_waiting() -> None:
+    # A template that kept every pod from serving, then fixed: waiting for the others to
+    # be ready before replacing one would wait for ever.
+    kube, reconciler, events = _bound()
+    pool_url = path(API_VERSION, "rolloutpools", "default", "mixed")
+    url = path(API_VERSION, "rolloutgroups", "default", "mixed-h800")
+    zone_b = {"pool.example/zone": "b"}
+
+    def selectors() -> list[dict[str, str]]:
+        return [
+            p["spec"].get("nodeSelector", {})
+            for p in kube.of_kind("Pod")
+            if p["metadata"]["labels"]["cadence.dev/group"] == "h800"
+        ]
+
+    async def go() -> None:
+        await reconciler.group(kube.objects[url], events)  # two pods, neither ever ready
+        groups = kube.objects[pool_url]["spec"]["groups"]
+        groups[0]["nodeSelector"] = zone_b
+        await reconciler.pool(await kube.patch(pool_url, {"spec": {"groups": groups}}), events)
+        for _ in range(4):
+            await reconciler.group(kube.objects[url], events)
+
+    asyncio.run(go())
+    assert selectors() == [zone_b, zone_b]
+    assert sum(e[0] == "Replaced" for e in events) == 2
