@@ -247,6 +247,9 @@ def _tls_mounts(pool: RolloutPool) -> list[dict[str, Any]]:
     return [{"name": "tls", "mountPath": TLS_DIR, "readOnly": True}] if tls_secret(pool) else []
 
 
+STARTUP_CHECKS = 90  # a worker's start-up allowance, in 10 s probes: 15 minutes
+
+
 def _probe(pool: RolloutPool, path: str, port: str, **timing: int) -> dict[str, Any]:
     get: dict[str, Any] = {"path": path, "port": port}
     if tls_secret(pool):
@@ -413,6 +416,11 @@ def worker_pod(
                     *model_mounts(run),
                     *_tls_mounts(pool),
                 ],
+                # The worker builds its engine before it serves: a model's load and
+                # warm-up may take minutes, and the liveness probe starts only after it.
+                "startupProbe": _probe(
+                    pool, "/healthz", "control", periodSeconds=10, failureThreshold=STARTUP_CHECKS
+                ),
                 "readinessProbe": _probe(pool, "/readyz", "control", periodSeconds=5),
                 "livenessProbe": _probe(
                     pool, "/healthz", "control", periodSeconds=10, failureThreshold=6

@@ -83,6 +83,10 @@ def test_a_worker_pod_carries_labels_devices_selectors_probes_and_a_drain_grace(
         {"key": "huawei.com/Ascend910", "operator": "Exists", "effect": "NoSchedule"}
     ]
     assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    # Liveness waits for start-up, which may load a model for minutes: ten at least.
+    startup = container["startupProbe"]
+    assert startup["httpGet"]["path"] == "/healthz"
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 600
     grace = int(container["args"][container["args"].index("--grace-s") + 1])
     assert spec["terminationGracePeriodSeconds"] > grace  # the drain fits in the grace
     assert container["env"][0]["valueFrom"]["secretKeyRef"]["name"] == "cadence-token"
@@ -166,6 +170,7 @@ def test_a_groups_engine_settings_reach_the_worker_it_starts(tmp_path: Path) -> 
         "engine: {maxModelLen: 32768, memoryUtilization: 0.9}",
         "engine: {maxModelLen: 32768, memoryUtilization: 0.8, tensorParallel: 4}",
     )
+    text = text.replace("resources: {nvidia.com/gpu: 1}", "resources: {nvidia.com/gpu: 4}")
     (tmp_path / "pool.yaml").write_text(text)
     pool, run = load(tmp_path / "pool.yaml")
     group = RolloutGroup.model_validate(children.rollout_groups(pool, _with_uid(pool, "p"))[0])
@@ -352,6 +357,8 @@ def test_a_worker_starts_at_the_degree_capacity_planning_chose(tmp_path: Path) -
     """`tensorParallel` unset: the operator plans each group at the smallest degree that
     holds the longest trajectory, and starts its workers at that degree, not at 1."""
     text = HETEROGENEOUS.read_text().replace("catalog: Qwen3-8B", "catalog: Qwen3-32B")
+    for device in ("nvidia.com/gpu: 1}", 'huawei.com/Ascend910: "1"', 'iluvatar.ai/gpu: "1"'):
+        text = text.replace(device, device[:-2] + device[-2:].replace("1", "8"))  # 8 a pod
     (tmp_path / "pool.yaml").write_text(text)
     pool, run = load(tmp_path / "pool.yaml")
     plans = group_plans(pool, run)
