@@ -17,10 +17,11 @@ def _cmd_operator(args: argparse.Namespace) -> int:
     if args.all_namespaces == bool(args.namespace):
         raise UsageError("give --all-namespaces or one or more --namespace")
     from cadence.operator.kube.credentials import CredentialsError  # noqa: PLC0415
-    from cadence.operator.kube.serve import serve  # noqa: PLC0415
+    from cadence.operator.kube.serve import configure_logging, serve  # noqa: PLC0415
 
     if args.server is not None and (args.kubeconfig or args.context):
         raise UsageError("give --server or --kubeconfig/--context, not both")
+    configure_logging(args.log_format, verbose=args.verbose)
     try:
         led = serve(
             namespaces=args.namespace or [],
@@ -91,6 +92,13 @@ def add_operator(sub: Commands) -> None:
         "--lease-namespace",
         help="the Lease's namespace (default: the pod's own, else default)",
     )
+    op.add_argument(
+        "--log-format",
+        choices=["full", "json"],
+        default="full",
+        help="log lines with time, logger and level (full), or one JSON object each",
+    )
+    op.add_argument("--verbose", action="store_true", help="log at DEBUG, not INFO")
     op.set_defaults(run=_cmd_operator)
 
 

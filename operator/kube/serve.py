@@ -167,6 +167,14 @@ async def _stopped(flag: StopFlag | None) -> None:
             await asyncio.sleep(0.1)
 
 
+def configure_logging(log_format: str = "full", *, verbose: bool = False) -> None:
+    """Log as `kopf run` does: INFO and above (DEBUG when verbose), each line with its
+    time, logger and level, or as JSON for a log pipeline. Without it an operator
+    embedding kopf logs nothing below WARNING and no time at all."""
+    formats = {"full": kopf.LogFormat.FULL, "json": kopf.LogFormat.JSON}
+    kopf.configure(verbose=verbose, log_format=formats[log_format])
+
+
 def serve(
     *,
     namespaces: list[str],
