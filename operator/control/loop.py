@@ -36,6 +36,7 @@ import httpx
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from cadence.common.errors import describe
 from cadence.operator.control.budgets import Budgets
 from cadence.operator.scheduler.actions import Action, Admit, Advance, Evict, EvictReason, Place
 from cadence.operator.scheduler.cost import StepCost, floor_warning
@@ -213,9 +214,7 @@ class ControlLoop:
             try:
                 await self.cycle()
             except (TrainerError, OSError, httpx.TransportError) as e:
-                request = getattr(e, "_request", None)  # which service, for a transport error
-                where = f" ({request.method} {request.url})" if request is not None else ""
-                log.warning("cycle skipped: %s %s%s", type(e).__name__, e, where)
+                log.warning("cycle skipped: %s", describe(e))
             await asyncio.sleep(max(0.0, self.config.period_s - (self.clock() - started)))
 
     # --- one cycle ---------------------------------------------------------------------

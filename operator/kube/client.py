@@ -28,6 +28,17 @@ class KubeError(Exception):
         self.status = status
 
 
+def status_message(text: str) -> str:
+    """What the API server said: a Status object's `message` (the sentence a person
+    reads, e.g. "spec.replicas: Invalid value: 9: must be <= 4"), else the body, cut."""
+    try:
+        body = json.loads(text)
+    except ValueError:
+        return text[:300]
+    message = body.get("message") if isinstance(body, dict) else None
+    return message if isinstance(message, str) and message else text[:300]
+
+
 def path(api_version: str, plural: str, namespace: str | None, name: str | None = None) -> str:
     base = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
     where = f"/namespaces/{namespace}" if namespace else ""
@@ -163,7 +174,7 @@ class Kube:
     async def _send(self, method: str, url: str, body: Any = None, **kw: Any) -> Any:
         response = await self._request(method, url, json=body, **kw)
         if response.status_code >= 400:
-            raise KubeError(response.status_code, response.text[:300])
+            raise KubeError(response.status_code, status_message(response.text))
         return response.json() if response.content else None
 
     async def get(self, url: str) -> dict[str, Any] | None:

@@ -28,6 +28,7 @@ from typing import Literal, TypeVar
 
 import httpx
 
+from cadence.common.errors import describe
 from cadence.operator.api.capacity import group_plans, hourly_price
 from cadence.operator.api.resources import MultiTurnSpec, RolloutPool, TrainingRun
 from cadence.operator.api.settings import budgets_of, knobs_of, trainer_config
@@ -282,7 +283,7 @@ async def _reach(call: Callable[[], Awaitable[T]], sup: Supervisor) -> T:
                 raise RuntimeError(f"the trainer refused: {e.message}") from None
             if since is None:
                 since = time.monotonic()
-                log.warning("trainer unreachable (%s); waiting for it", e or type(e).__name__)
+                log.warning("trainer unreachable (%s); waiting for it", describe(e))
             if sup.state.get("trainer") == "serving":
                 await asyncio.sleep(wait)
                 wait = min(MAX_WAIT_S, 2 * wait)

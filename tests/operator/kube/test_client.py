@@ -139,3 +139,16 @@ def test_the_operator_without_credentials_says_so_in_one_sentence(
         code == 2
         and err.strip() == "cadence: error: give --server or --kubeconfig/--context, not both"
     )
+
+
+def test_a_refusal_reads_as_the_api_servers_sentence_not_its_status_object() -> None:
+    said = 'RolloutGroup.cadence.dev "fleet-h800" is invalid: spec.replicas: Invalid value: 9'
+
+    def refuses(request: httpx.Request) -> httpx.Response:
+        body = {"kind": "Status", "status": "Failure", "message": said, "code": 422}
+        return httpx.Response(422, json=body)
+
+    kube = Kube("http://api", transport=httpx.MockTransport(refuses))
+    with pytest.raises(KubeError) as refused:
+        asyncio.run(kube.patch("/apis/cadence.dev/v1alpha1/x", {}))
+    assert str(refused.value) == f"422: {said}"
