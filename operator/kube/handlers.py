@@ -38,6 +38,7 @@ import kopf
 from pydantic import BaseModel, ValidationError
 
 from cadence.common.complaints import first_complaint
+from cadence.common.errors import describe
 from cadence.operator.api.resources import (
     API_VERSION,
     GROUP,
@@ -362,7 +363,18 @@ class Reconciler:
         secret = await self.kube.get(path("v1", "secrets", ns, secret_name))
         if secret is None:
             return None
-        return base64.b64decode(secret["data"][children.TOKEN_KEY]).decode()
+        encoded = (secret.get("data") or {}).get(children.TOKEN_KEY)
+        try:
+            token = base64.b64decode(encoded, validate=True).decode() if encoded else ""
+        except (ValueError, UnicodeDecodeError):
+            token = ""
+        if not token.strip():
+            raise Invalid(
+                f"Secret {secret_name} holds no bearer token under the key "
+                f"{children.TOKEN_KEY!r}: add one, or delete the Secret for the operator to "
+                "make it"
+            )
+        return token
 
     async def _views(
         self, ns: str, pool_name: str, group_pods: set[str]
@@ -511,7 +523,11 @@ class Reconciler:
         if stopped or pool_obj is None:
             return
         pool: RolloutPool = validated(RolloutPool, pool_obj)
-        token = await self._token(ns, pool.spec.token_secret)
+        try:
+            token = await self._token(ns, pool.spec.token_secret)
+        except Invalid as e:
+            log.warning("run %s/%s waits: %s", ns, run.metadata.name, e)
+            return  # the run's status says why; the supervisor starts the loop again
         if token is None:
             return  # the pool's handler makes it; the supervisor starts the loop again
         client = TrainerClient(
@@ -629,7 +645,7 @@ class Handling:
             # Anything else (the API refused a write, a bug): said on the object and in
             # the log, not retried silently by kopf; the resync tries again.
             log.exception("reconciling %s %s/%s failed", kind, key[1], key[2])
-            said = f"reconciling failed, retried every resync: {type(e).__name__}: {e}"
+            said = f"reconciling failed, retried every resync: {describe(e)}"
             patch.status["conditions"] = settled(
                 before,
                 [

@@ -307,3 +307,15 @@ def test_stale_pods_that_never_became_ready_are_replaced_without_waiting() -> No
     asyncio.run(go())
     assert selectors() == [zone_b, zone_b]
     assert sum(e[0] == "Replaced" for e in events) == 2
+
+
+def test_a_token_secret_without_its_key_is_said_in_one_sentence() -> None:
+    kube, reconciler, events = _bound()
+    secret_url = path("v1", "secrets", "default", "cadence-token")
+    secret = kube.objects[secret_url]
+    secret["data"] = {"something-else": "eA=="}  # made by hand, under another key
+    run = kube.objects[path(API_VERSION, "trainingruns", "default", "digits")]
+    with pytest.raises(
+        Invalid, match="Secret cadence-token holds no bearer token under the key 'token'"
+    ):
+        asyncio.run(reconciler.run(run, events))
