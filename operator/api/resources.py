@@ -135,10 +135,11 @@ class Toleration(_Spec):
     """The taint effect tolerated; unset: every effect."""
 
 
-# Kubernetes' own patterns: a resource quantity (`1`, `500m`, `16Gi`) and a label's key
-# and value, so a bad device count or node selector is refused where it is written.
+# Kubernetes' own patterns: a resource quantity (`1`, `500m`, `16Gi`; without its minus
+# sign, as no request may be negative) and a label's key and value, so a bad device count
+# or node selector is refused where it is written.
 QUANTITY = (
-    r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|"
+    r"^\+?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|"
     r"([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
 )
 LABEL_KEY = (
@@ -155,6 +156,8 @@ def _quantity(value: object) -> int | str:
         if value < 0:
             raise ValueError(f"{value} is negative; a quantity is at least 0")
         return value
+    if value.startswith("-"):
+        raise ValueError(f"{value} is negative; a quantity is at least 0")
     if not re.fullmatch(QUANTITY, value):
         raise ValueError(f"{value!r} is not a quantity (a number, or a string like 500m or 16Gi)")
     return value

@@ -14,6 +14,11 @@ from cadence.operator.api.settings import knobs_of
 from tests.helpers import TRAINING_RUN
 
 EXAMPLE = TRAINING_RUN
+# Pods that can hold a larger degree than the example's one device each.
+EIGHT_DEVICES = (
+    ('{nvidia.com/gpu: "1"}', '{nvidia.com/gpu: "8"}'),
+    ('{huawei.com/Ascend910: "1"}', '{huawei.com/Ascend910: "8"}'),
+)
 
 
 def _load(tmp_path: Path, *edits: tuple[str, str]) -> Path:
@@ -29,10 +34,12 @@ def test_a_group_sizes_itself_to_hold_the_longest_trajectory(tmp_path: Path) -> 
     pool, run = load(EXAMPLE)
     small = group_capacities(pool, run)
     assert small["h800"] > small["a910x"] > 4096 + 256 + 16  # H800 has more memory
-    # A longer max_model_len than one device of Qwen3-32B holds: the group takes two.
+    # A longer max_model_len than one device of Qwen3-32B holds: the group takes more,
+    # up to the devices its pods request.
     longer = _load(
         tmp_path,
         ("catalog: Qwen3-8B", "catalog: Qwen3-32B"),
+        *EIGHT_DEVICES,
         (
             "replicas: 2\n      pricePerHour: 1.2",
             "replicas: 2\n      engine: {maxModelLen: 200000}\n      pricePerHour: 1.2",
@@ -47,6 +54,7 @@ def test_a_group_pinned_too_small_is_refused_naming_it(tmp_path: Path) -> None:
     bad = _load(
         tmp_path,
         ("catalog: Qwen3-8B", "catalog: Qwen3-32B"),
+        *EIGHT_DEVICES,
         (
             "replicas: 2\n      pricePerHour: 1.2",
             "replicas: 2\n      engine: {tensorParallel: 1, maxModelLen: 200000}\n"

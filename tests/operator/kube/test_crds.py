@@ -193,6 +193,9 @@ BAD = [
     ("RolloutGroup", ("spec", "replicas"), "two", None),
     # A device count as Kubernetes reads quantities: "one" is not one.
     ("RolloutPool", ("spec", "groups", 0, "resources", "nvidia.com/gpu"), "one", None),
+    # Nor may a request be negative. (An integer -1 the schema cannot refuse: an
+    # int-or-string carries no minimum. The model refuses it, as a status condition.)
+    ("RolloutPool", ("spec", "groups", 0, "resources", "nvidia.com/gpu"), "-1", None),
     ("TrainingRun", ("spec", "trainer", "resources", "memory"), "16 GB", None),
     ("RolloutPool", ("spec", "groups", 0, "nodeSelector", "zone"), "bad value!", None),
 ]
