@@ -205,7 +205,9 @@ TRAINER_BASE = {"cpu": "2", "memory": "8Gi"}
 # Restricted-compatible where the image allows it: no privilege escalation, no
 # capabilities, the runtime's seccomp profile; no API token in pods that never call the
 # API. (runAsNonRoot waits for an image that names a non-root user.)
-POD_SECURITY = {"seccompProfile": {"type": "RuntimeDefault"}}
+# What the "restricted" Pod Security Standard asks of every pod and container; the image
+# runs as user 10001, so runAsNonRoot holds without naming a user.
+POD_SECURITY = {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
 CONTAINER_SECURITY = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
 
 

@@ -599,3 +599,24 @@ def test_a_vllm_pools_policy_admits_kv_transfer_only_from_its_own_workers(
 def test_an_emulated_pool_has_no_kv_transfer_policy(tmp_path: Path) -> None:
     pool, _ = _pool_and_run(tmp_path, backend="emulated")
     assert children.kv_transfer_policy(pool, _with_uid(pool, "p")) is None
+
+
+def test_every_pod_the_operator_makes_meets_the_restricted_pod_security_standard() -> None:
+    # A namespace labelled pod-security.kubernetes.io/enforce=restricted admits a pod
+    # only with these; without runAsNonRoot every worker and trainer pod was refused.
+    pool, run = load(EXAMPLE)
+    group = RolloutGroup.model_validate(children.rollout_groups(pool, _with_uid(pool, "p"))[0])
+    worker = children.worker_pod(pool, group, _with_uid(group, "g"), run, 0)["spec"]
+    body = _with_uid(run, "r")
+    (trainer,) = [
+        o["spec"]["template"]["spec"]
+        for o in children.trainer_objects(run, body, pool)
+        if o["kind"] == "StatefulSet"
+    ]
+    for spec in (worker, trainer):
+        assert spec["securityContext"]["runAsNonRoot"] is True
+        assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+        for container in spec["containers"] + spec.get("initContainers", []):
+            context = container["securityContext"]
+            assert context["allowPrivilegeEscalation"] is False
+            assert context["capabilities"]["drop"] == ["ALL"]
