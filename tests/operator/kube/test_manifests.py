@@ -8,6 +8,7 @@ RolloutGroup the example pool creates."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import tomllib
 from pathlib import Path
@@ -246,3 +247,12 @@ def test_every_place_names_the_image_of_this_version() -> None:
     assert pool["spec"]["image"] == image and run["spec"]["trainer"]["image"] == image
     for text in ((ROOT / "README.md").read_text(), (ROOT / "Containerfile").read_text()):
         assert f"-t {image} ." in text and ":latest" not in text
+
+
+def test_the_tls_example_certifies_the_namespace_the_pool_example_is_applied_in() -> None:
+    pool_doc = (MANIFESTS / "examples" / "heterogeneous.yaml").read_text()
+    (namespace,) = set(re.findall(r"kubectl apply -n (\S+)", pool_doc))
+    docs = [d for d in yaml.safe_load_all((MANIFESTS / "examples" / "tls.yaml").read_text())]
+    assert {d["metadata"]["namespace"] for d in docs} == {namespace}
+    (certificate,) = [d for d in docs if d["metadata"]["name"] == "fleet-tls"]
+    assert f"*.fleet-workers.{namespace}.svc" in certificate["spec"]["dnsNames"]
