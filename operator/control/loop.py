@@ -146,6 +146,8 @@ class ControlLoop:
     last_plan: tuple[Snapshot, tuple[Action, ...]] | None = None
     # Workers on which a pinned h_min is below one period's growth, with the sentence.
     floor_warnings: dict[str, str] = field(default_factory=dict)
+    _closing: set[asyncio.Future[None]] = field(default_factory=set)  # clients of gone workers
+    _left: set[str] = field(default_factory=set)  # workers removed: what they held is re-queued
 
     def __post_init__(self) -> None:
         if self.state is None:
@@ -171,12 +173,38 @@ class ControlLoop:
 
     def add_workers(self, urls: Mapping[str, str], host: str | None = None) -> None:
         """Workers that joined the pool (a replacement, a scale-out), from the next
-        cycle on; `host` is the URL of the host process they share, if they do."""
+        cycle on; `host` is the URL of the host process they share, if they do. A worker
+        already known joins afresh (a pod recreated under its name, at a new address):
+        whatever the loop concluded about the one before, lost or silent, is forgotten."""
         if host is not None:
             self._add_host(host, list(urls))
         for wid, url in urls.items():
+            if wid in self._clients:
+                self._forget(wid)
+            self._left.discard(wid)
             self.workers[wid] = url
             self._clients[wid] = self._client(url)
+
+    def remove_workers(self, ids: Iterable[str]) -> None:
+        """Workers that left the pool (their pods are gone): never asked again. What they
+        held is found nowhere by the next reconcile and re-queued."""
+        for wid in ids:
+            self._forget(wid)
+            self.workers.pop(wid, None)
+            self._left.add(wid)
+
+    def _forget(self, wid: str) -> None:
+        client = self._clients.pop(wid, None)
+        if client is not None:
+            closing = asyncio.get_running_loop().create_task(client.aclose())
+            self._closing.add(closing)
+            closing.add_done_callback(self._closing.discard)
+        for task in (self._probes.pop(wid, None), self._advancing.pop(wid, None)):
+            if task is not None:
+                task.cancel()
+        self._lost.discard(wid)
+        self._probe_at.pop(wid, None)
+        self._silent_since.pop(wid, None)
 
     @property
     def lost(self) -> frozenset[str]:
@@ -200,7 +228,7 @@ class ControlLoop:
         tasks = [*self._advancing.values(), *self._probes.values()]
         for task in tasks:
             task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.gather(*tasks, *self._closing, return_exceptions=True)
         for c in self._clients.values():
             await c.aclose()
         for h in self._hosts.values():
@@ -366,12 +394,13 @@ class ControlLoop:
                 if state != "delivering" and (wid, state) != (s.worker, s.state):
                     moved.append(Record(id=s.id, attempt=s.attempt, state=state, worker=wid))  # type: ignore[arg-type]
                 continue
-            if s.worker is not None and s.worker not in live and s.worker not in self._lost:
-                continue  # its worker is silent but not lost yet: wait
+            gone = s.worker in self._lost or s.worker in self._left
+            if s.worker is not None and s.worker not in live and not gone:
+                continue  # its worker is silent (or not yet known) but not lost: wait
             if s.worker in self._advancing:
                 continue  # placed after the worker's advance, that call still in flight
-            # Gone with its worker, or dropped by a live one (a failed step, a refused
-            # delivery): only the second is the sample's fault.
+            # Gone with its worker (lost, or left the pool), or dropped by a live one (a
+            # failed step, a refused delivery): only the second is the sample's fault.
             fault: Literal["sample", "worker"] = "sample" if s.worker in live else "worker"
             try:
                 await self.trainer.requeue(s.id, fault)

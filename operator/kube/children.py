@@ -259,6 +259,14 @@ def _probe(pool: RolloutPool, path: str, port: str, **timing: int) -> dict[str, 
     return {"httpGet": get, **timing}
 
 
+def pod_ready(pod: Mapping[str, Any]) -> bool:
+    """Whether the pod's Ready condition is True (its readiness probe passes)."""
+    for c in (pod.get("status") or {}).get("conditions") or []:
+        if c.get("type") == "Ready":
+            return bool(c.get("status") == "True")
+    return False
+
+
 def pod_url(pod: Mapping[str, Any]) -> str | None:
     """A worker pod's control URL; None until it has an IP. Over HTTP, its IP; over TLS
     (its worker serves a certificate), its name under the pool's headless Service

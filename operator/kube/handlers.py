@@ -125,13 +125,6 @@ def validated(model: type[BaseModel], body: Mapping[str, Any]) -> Any:
         raise Invalid(f"{where}: {message}" if where else message) from None
 
 
-def _ready(pod: Mapping[str, Any]) -> bool:
-    for c in (pod.get("status") or {}).get("conditions") or []:
-        if c.get("type") == "Ready":
-            return bool(c.get("status") == "True")
-    return False
-
-
 def _waiting(body: Mapping[str, Any], reason: str, message: str, events: Events) -> Status:
     events.append(("Waiting", message))
     return {"phase": "Waiting", "conditions": [condition("Ready", False, reason, message)]}
@@ -308,7 +301,7 @@ class Reconciler:
                 await self.kube.delete(path("v1", "pods", ns, name))
                 events.append(("ScaledIn", f"pod {name} drains and goes"))
                 live = [p for p in live if p["metadata"]["name"] != name]
-        ready = sum(_ready(p) for p in live)
+        ready = sum(children.pod_ready(p) for p in live)
         return {
             "replicas": len(live),
             "readyReplicas": ready,
@@ -346,8 +339,10 @@ class Reconciler:
         stale = [p for p in live if p["metadata"]["labels"].get(children.TEMPLATE_LABEL) != wanted]
         if not stale:
             return
-        pick = min(stale, key=lambda p: (_ready(p), p["metadata"]["name"]))
-        if _ready(pick) and not all(_ready(p) for p in live if p is not pick):
+        pick = min(stale, key=lambda p: (children.pod_ready(p), p["metadata"]["name"]))
+        if children.pod_ready(pick) and not all(
+            children.pod_ready(p) for p in live if p is not pick
+        ):
             return  # another pod is not serving: replacing this one now would leave less
         name = pick["metadata"]["name"]
         await self.kube.delete(path("v1", "pods", group.metadata.namespace, name))
@@ -405,7 +400,7 @@ class Reconciler:
                     unfinished |= {p.version for p in st.parked}
                     used = sum(r.context for r in st.residents)
                     view = children.WorkerView(
-                        name, st.version, used, len(st.residents), ready=_ready(pod)
+                        name, st.version, used, len(st.residents), ready=children.pod_ready(pod)
                     )
                 finally:
                     await client.aclose()

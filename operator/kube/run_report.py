@@ -1,5 +1,5 @@
 """What a TrainingRun's control loop reports, from the operator's task for that run:
-the pool's pods join the loop as they get endpoints; each RolloutGroup's status and the
+the pool's pods join the loop when Ready and leave it when gone; each RolloutGroup's status and the
 operator's metrics carry the last plan's per-group demand; the run's status carries the
 trainer's stats; Events say when the phase changes, trajectories depart, actions fail,
 workers are lost, or a pinned floor is below a worker's growth."""
@@ -54,6 +54,7 @@ class RunReporter:
     reported_lost: frozenset[str] = frozenset()
     reported_floor: set[str] = field(default_factory=set)  # workers warned of a thin hMin
     written: dict[str, Status] = field(default_factory=dict)  # each group's last status
+    uids: dict[str, str] = field(default_factory=dict)  # each member pod's UID
 
     def __post_init__(self) -> None:
         self.series = RunSeries(pool=self.pool.metadata.name, loop=self.loop)
@@ -77,13 +78,7 @@ class RunReporter:
         except (KubeError, httpx.TransportError) as e:
             log.warning("listing %s's pods failed; retried next cycle: %s", self.run.spec.pool, e)
             return False
-        joined = {}
-        for pod in pods:
-            url = self.endpoint(pod)
-            if url is not None and pod["metadata"]["name"] not in self.loop.workers:
-                joined[pod["metadata"]["name"]] = url
-        if joined:
-            self.loop.add_workers(joined)
+        self._members(pods)
         await self._groups(pods)
         self._events()
         try:
@@ -120,6 +115,32 @@ class RunReporter:
             self.post(self.body, phase, message, False)
             self.phase = phase
         return stats.done
+
+    def _members(self, pods: list[dict[str, Any]]) -> None:
+        """The loop's workers follow the pool's pods. A pod joins once it is Ready (its
+        engine loaded and serving: polled before, a loading worker was taken for lost);
+        one recreated under its name (another UID or address) joins afresh; one whose pod
+        is gone leaves, and what it held is re-queued. A pod that exists but stopped
+        answering stays: the loop takes it for lost and asks it again."""
+        present = {p["metadata"]["name"] for p in pods}
+        joined = {}
+        for pod in pods:
+            meta = pod["metadata"]
+            url = self.endpoint(pod)
+            if url is None or meta.get("deletionTimestamp") or not children.pod_ready(pod):
+                continue
+            name, uid = meta["name"], meta.get("uid", "")
+            if self.loop.workers.get(name) != url or self.uids.get(name) != uid:
+                joined[name], self.uids[name] = url, uid
+        gone = [w for w in self.loop.workers if w not in present]
+        if gone:
+            log.info("workers %s left the pool (their pods are gone)", ", ".join(sorted(gone)))
+            self.loop.remove_workers(gone)
+            for name in gone:
+                self.uids.pop(name, None)
+        if joined:
+            log.info("workers %s join the loop", ", ".join(sorted(joined)))
+            self.loop.add_workers(joined)
 
     async def _groups(self, pods: list[dict[str, Any]]) -> None:
         """Each RolloutGroup's share of the last cycle, into its status and the metrics."""

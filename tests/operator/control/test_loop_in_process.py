@@ -267,3 +267,62 @@ def test_a_worker_that_goes_silent_mid_advance_is_lost_not_waited_for(pool: Loca
         await loop.aclose()
 
     asyncio.run(go())
+
+
+def test_a_worker_whose_pod_is_gone_leaves_and_its_work_is_requeued_at_once(
+    pool: LocalPool,
+) -> None:
+    pool.add_worker("w0")
+    pool.add_worker("w1")
+
+    async def go() -> None:
+        loop = pool.loop(KNOBS, lost_after_s=60.0)
+        await loop.cycle()  # admits
+        await loop.cycle()  # places
+        on_w0 = {s.id for s in pool.trainer.ledger.samples("placed") if s.worker == "w0"}
+        assert on_w0
+        pool.router.down.add("w0")  # its pod deleted
+        loop.remove_workers(["w0"])
+        report = await loop.cycle()  # not after 60 s of silence: now
+        assert report.requeued == len(on_w0) and "w0" not in loop.workers
+        for _ in range(40):
+            await loop.cycle()
+            await pool.decode(steps=4)
+            if pool.trainer.ledger.counts().get("delivered", 0) == 8:
+                break
+        await loop.aclose()
+
+    asyncio.run(go())
+    ledger = pool.trainer.ledger
+    assert ledger.counts() == {"delivered": 8, "failed": 0} and ledger.accepted_twice() == 0
+
+
+def test_a_worker_recreated_at_a_new_address_joins_afresh_not_after_its_backoff(
+    pool: LocalPool,
+) -> None:
+    pool.add_worker("w0")
+    pool.add_worker("w1")
+
+    async def go() -> None:
+        loop = pool.loop(KNOBS, lost_after_s=5.0)
+        await loop.cycle()
+        pool.router.down.add("w0")
+        await loop.cycle()
+        pool.clock.work(5.0)
+        assert (await loop.cycle()).lost == ["w0"]
+        pool.cores.pop("w0")
+        pool.add_worker("w0-new")  # the pod again, at another address
+        loop.add_workers({"w0": "http://w0-new"})
+        await loop.cycle()
+        assert loop.lost == frozenset()
+        assert loop.last_plan is not None
+        assert "w0" in {w.id for w in loop.last_plan[0].workers}
+        for _ in range(40):
+            await loop.cycle()
+            await pool.decode(steps=4)
+            if pool.trainer.ledger.counts().get("delivered", 0) == 8:
+                break
+        await loop.aclose()
+
+    asyncio.run(go())
+    assert pool.trainer.ledger.counts() == {"delivered": 8, "failed": 0}

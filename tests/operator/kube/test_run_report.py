@@ -1,0 +1,63 @@
+"""Which pods a run's control loop polls: members by readiness, identity and presence."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from cadence.operator.api.resources import load
+from cadence.operator.control.loop import ControlLoop, LoopConfig
+from cadence.operator.kube.handlers import pod_endpoint
+from cadence.operator.kube.run_report import RunReporter
+from cadence.operator.scheduler.cadence import CadencePolicy
+from cadence.operator.scheduler.snapshot import Knobs
+from cadence.trainer.client import TrainerClient
+from tests.helpers import TRAINING_RUN
+
+
+def _pod(name: str, uid: str, ip: str | None, ready: bool) -> dict[str, Any]:
+    status: dict[str, Any] = {"conditions": [{"type": "Ready", "status": str(ready)}]}
+    if ip is not None:
+        status["podIP"] = ip
+    return {"metadata": {"name": name, "uid": uid, "labels": {}}, "spec": {}, "status": status}
+
+
+def test_pods_join_when_ready_join_afresh_when_recreated_and_leave_when_gone() -> None:
+    pool, run = load(TRAINING_RUN)
+    trainer = TrainerClient("http://127.0.0.1:9", "t")  # never called here
+
+    async def go() -> None:
+        loop = ControlLoop(
+            CadencePolicy(), LoopConfig(knobs=Knobs(h_min=256, delta=16, eta=1)), trainer, {}, "t"
+        )
+        reporter = RunReporter(
+            kube=None,  # type: ignore[arg-type]
+            endpoint=pod_endpoint,
+            status_every_s=1.0,
+            run=run,
+            pool=pool,
+            body={},
+            loop=loop,
+            trainer=trainer,
+            post=lambda *_: None,
+        )
+        loading = _pod("mixed-h800-1", "u1", "10.0.0.2", ready=False)  # model still loading
+        reporter._members(
+            [_pod("mixed-h800-0", "u0", "10.0.0.1", True), loading, _pod("x", "u", None, True)]
+        )
+        assert loop.workers == {"mixed-h800-0": "http://10.0.0.1:8000"}
+        loop._lost.add("mixed-h800-0")  # taken for lost, then its pod was recreated
+        reporter._members(
+            [
+                _pod("mixed-h800-0", "u0-again", "10.0.0.1", True),
+                _pod("mixed-h800-1", "u1", "10.0.0.2", True),
+            ]
+        )
+        assert set(loop.workers) == {"mixed-h800-0", "mixed-h800-1"}
+        assert loop.lost == frozenset(), "the new pod is not the lost one"
+        reporter._members([_pod("mixed-h800-1", "u1", "10.0.0.2", False)])  # h800-0 deleted
+        assert set(loop.workers) == {"mixed-h800-1"}, "an unready pod stays; a gone one leaves"
+        await loop.aclose()
+        await trainer.aclose()
+
+    asyncio.run(go())
