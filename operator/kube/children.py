@@ -136,9 +136,17 @@ TEMPLATE_LABEL = "cadence.dev/template"  # a worker pod's template_hash
 
 def group_drift(current: Mapping[str, Any], wanted: Mapping[str, Any]) -> dict[str, Any]:
     """The merge patch that brings a RolloutGroup's spec to what its pool now says,
-    leaving `replicas` (the group's own once made) as it is; None removes a field."""
+    leaving `replicas` (the group's own once made) as it is unless the new bounds
+    exclude it; None removes a field."""
     keys = (set(current) | set(wanted)) - {"replicas"}
-    return {k: wanted.get(k) for k in sorted(keys) if current.get(k) != wanted.get(k)}
+    drift = {k: wanted.get(k) for k in sorted(keys) if current.get(k) != wanted.get(k)}
+    # New bounds the group's own count falls outside of (maxReplicas lowered below what
+    # an autoscaler set): the count moves into them, or the group's rule refuses the patch.
+    replicas = current.get("replicas")
+    low, high = wanted.get("minReplicas", 0), wanted.get("maxReplicas", replicas)
+    if drift and isinstance(replicas, int) and not low <= replicas <= high:
+        drift["replicas"] = min(max(replicas, low), high)
+    return drift
 
 
 def template_hash(pod: Mapping[str, Any], overlay: PodOverlay | None = None) -> str:

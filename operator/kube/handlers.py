@@ -52,7 +52,7 @@ from cadence.operator.api.resources import (
 from cadence.operator.api.settings import budgets_of, knobs_of
 from cadence.operator.control.loop import ControlLoop, LoopConfig
 from cadence.operator.kube import children
-from cadence.operator.kube.client import KubeApi, path
+from cadence.operator.kube.client import KubeApi, KubeError, path
 from cadence.operator.kube.events import EventRecorder, Post
 from cadence.operator.kube.metrics import OperatorMetrics
 from cadence.operator.kube.run_report import RunReporter
@@ -161,19 +161,14 @@ class Reconciler:
         pool: RolloutPool = validated(RolloutPool, body)
         ns = pool.metadata.namespace
         kept = set()
+        refused = []  # one group the API server refuses must not hold up the others
         for group in children.rollout_groups(pool, body):
             name = group["metadata"]["name"]
             kept.add(name)
-            existing, created = await self.kube.ensure(group)
-            if created:
-                events.append(("Created", f"RolloutGroup {name}"))
-                continue
-            # The pool's settings reach its groups on every change; `replicas` stays the
-            # group's own (HPA's, /scale's). Its pods follow, one at a time (`group`).
-            drift = children.group_drift(existing["spec"], group["spec"])
-            if drift:
-                await self.kube.patch(path(API_VERSION, "rolloutgroups", ns, name), {"spec": drift})
-                events.append(("Updated", f"RolloutGroup {name}: {', '.join(sorted(drift))}"))
+            try:
+                await self._pool_group(ns, name, group, events)
+            except KubeError as e:
+                refused.append(f"RolloutGroup {name}: {e}")
         for old in await self.kube.list(
             path(API_VERSION, "rolloutgroups", ns), {"cadence.dev/pool": pool.metadata.name}
         ):
@@ -198,6 +193,11 @@ class Reconciler:
         groups = await self.kube.list(
             path(API_VERSION, "rolloutgroups", ns), {"cadence.dev/pool": pool.metadata.name}
         )
+        degraded = condition("Degraded", False, "Valid", "the spec is valid")
+        if refused:
+            said = "; ".join(refused)
+            degraded = condition("Degraded", True, "GroupRefused", said)
+            events.append(("ReconcileError", said))
         ready = sum((g.get("status") or {}).get("readyReplicas", 0) for g in groups)
         desired = sum(g["spec"]["replicas"] for g in groups)
         workers = sum((g.get("status") or {}).get("replicas", 0) for g in groups)
@@ -239,9 +239,24 @@ class Reconciler:
                     "Scaling" if ready != desired else "Settled",
                     f"{ready} of {desired} workers ready",
                 ),
-                condition("Degraded", False, "Valid", "the spec is valid"),
+                degraded,
             ],
         }
+
+    async def _pool_group(
+        self, ns: str, name: str, group: Mapping[str, Any], events: Events
+    ) -> None:
+        existing, created = await self.kube.ensure(group)
+        if created:
+            events.append(("Created", f"RolloutGroup {name}"))
+            return
+        # The pool's settings reach its groups on every change; `replicas` stays the
+        # group's own (HPA's, /scale's) while it is within the bounds. Its pods follow,
+        # one at a time (`group`).
+        drift = children.group_drift(existing["spec"], group["spec"])
+        if drift:
+            await self.kube.patch(path(API_VERSION, "rolloutgroups", ns, name), {"spec": drift})
+            events.append(("Updated", f"RolloutGroup {name}: {', '.join(sorted(drift))}"))
 
     async def group(self, body: Mapping[str, Any], events: Events) -> Status:
         group: RolloutGroup = validated(RolloutGroup, body)

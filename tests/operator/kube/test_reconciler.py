@@ -14,7 +14,7 @@ import pytest
 
 from cadence.operator.api.resources import API_VERSION
 from cadence.operator.kube.client import KubeError, path
-from cadence.operator.kube.handlers import Events, Handling, Invalid, Reconciler
+from cadence.operator.kube.handlers import Events, Handling, Invalid, Reconciler, Status
 from cadence.trainer.app import create_app as trainer_app
 from cadence.trainer.config import TrainerConfig
 from cadence.trainer.trainer import Trainer
@@ -319,3 +319,52 @@ def test_a_token_secret_without_its_key_is_said_in_one_sentence() -> None:
         Invalid, match="Secret cadence-token holds no bearer token under the key 'token'"
     ):
         asyncio.run(reconciler.run(run, events))
+
+
+def test_lowering_max_replicas_below_a_groups_count_brings_the_count_within_it() -> None:
+    kube, reconciler, events = _bound()
+    pool_url = path(API_VERSION, "rolloutpools", "default", "mixed")
+    url = path(API_VERSION, "rolloutgroups", "default", "mixed-h800")
+
+    async def go() -> Status:
+        await kube.patch(url, {"spec": {"replicas": 5}})  # an autoscaler's
+        groups = kube.objects[pool_url]["spec"]["groups"]
+        groups[0]["maxReplicas"] = 3
+        return await reconciler.pool(
+            await kube.patch(pool_url, {"spec": {"groups": groups}}), events
+        )
+
+    status = asyncio.run(go())
+    spec = kube.objects[url]["spec"]
+    assert (spec["replicas"], spec["maxReplicas"]) == (3, 3)
+    degraded = next(c for c in status["conditions"] if c["type"] == "Degraded")
+    assert degraded["status"] == "False"
+
+
+def test_a_group_the_api_server_refuses_does_not_hold_up_the_pools_others() -> None:
+    kube, reconciler, events = _bound()
+    pool_url = path(API_VERSION, "rolloutpools", "default", "mixed")
+    refused_url = path(API_VERSION, "rolloutgroups", "default", "mixed-h800")
+    patch = kube.patch
+
+    async def refusing(url: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        if url == refused_url:
+            raise KubeError(422, "spec.replicas: Invalid value: 9: must be <= 4")
+        return await patch(url, body)
+
+    kube.patch = refusing  # type: ignore[method-assign]
+
+    async def go() -> Status:
+        groups = kube.objects[pool_url]["spec"]["groups"]
+        for g in groups:
+            g["nodeSelector"] = {"pool.example/zone": "b"}
+        return await reconciler.pool(await patch(pool_url, {"spec": {"groups": groups}}), events)
+
+    status = asyncio.run(go())
+    other = kube.objects[path(API_VERSION, "rolloutgroups", "default", "mixed-a910x")]
+    assert other["spec"]["nodeSelector"] == {"pool.example/zone": "b"}
+    degraded = next(c for c in status["conditions"] if c["type"] == "Degraded")
+    assert degraded["status"] == "True"
+    assert degraded["message"] == (
+        "RolloutGroup mixed-h800: 422: spec.replicas: Invalid value: 9: must be <= 4"
+    )
