@@ -125,9 +125,42 @@ def validated(model: type[BaseModel], body: Mapping[str, Any]) -> Any:
         raise Invalid(f"{where}: {message}" if where else message) from None
 
 
-def _waiting(body: Mapping[str, Any], reason: str, message: str, events: Events) -> Status:
+def _waiting(
+    body: Mapping[str, Any], reason: str, message: str, events: Events, *, stuck: bool
+) -> Status:
+    """A run that cannot start: Degraded when only a change of the cluster can let it
+    (its pool is missing), not when it waits its turn (its pool serves another run)."""
     events.append(("Waiting", message))
-    return {"phase": "Waiting", "conditions": [condition("Ready", False, reason, message)]}
+    return {
+        "phase": "Waiting",
+        "conditions": [
+            condition("Ready", False, reason, message),
+            condition("Progressing", False, reason, message),
+            condition("Degraded", stuck, reason if stuck else "Valid", message),
+        ],
+    }
+
+
+# What a run's loop writes into each of its groups' status (`run_report.py`).
+RUN_FIGURES = ("versions", "meanContext", "headroomTokens", "pendingTrajectories", "pendingTokens")
+
+
+def _pool_conditions(ready: int, desired: int, *, serving: bool) -> list[dict[str, Any]]:
+    """Ready and Progressing of a pool. Its workers run only while it serves a run: an
+    idle pool is said to be idle, not to be scaling towards workers it will not start."""
+    if not serving:
+        said = "no TrainingRun is bound; the workers start with one"
+        return [
+            condition("Ready", False, "Idle", said),
+            condition("Progressing", False, "Idle", said),
+        ]
+    said = f"{ready} of {desired} workers ready"
+    return [
+        condition("Ready", ready == desired and desired > 0, "Workers", said),
+        condition(
+            "Progressing", ready != desired, "Scaling" if ready != desired else "Settled", said
+        ),
+    ]
 
 
 @dataclass
@@ -227,18 +260,7 @@ class Reconciler:
                 for g in groups
             ],
             "conditions": [
-                condition(
-                    "Ready",
-                    ready == desired and desired > 0,
-                    "Workers",
-                    f"{ready} of {desired} workers ready",
-                ),
-                condition(
-                    "Progressing",
-                    ready != desired,
-                    "Scaling" if ready != desired else "Settled",
-                    f"{ready} of {desired} workers ready",
-                ),
+                *_pool_conditions(ready, desired, serving=run_obj is not None),
                 degraded,
             ],
         }
@@ -317,20 +339,18 @@ class Reconciler:
                 events.append(("ScaledIn", f"pod {name} drains and goes"))
                 live = [p for p in live if p["metadata"]["name"] != name]
         ready = sum(children.pod_ready(p) for p in live)
-        return {
+        status: Status = {
             "replicas": len(live),
             "readyReplicas": ready,
             "selector": children.group_selector(group),
             "conditions": [
-                condition(
-                    "Ready",
-                    ready == desired and desired > 0,
-                    "Workers",
-                    f"{ready} of {desired} workers ready",
-                ),
+                _pool_conditions(ready, desired, serving=run_obj is not None)[0],
                 condition("Degraded", False, "Valid", "the spec is valid"),
             ],
         }
+        if run_obj is None:  # what a run's loop reported of the group ended with the run
+            status.update(dict.fromkeys(RUN_FIGURES))
+        return status
 
     async def _roll(
         self,
@@ -435,9 +455,17 @@ class Reconciler:
             # and the pool may serve the next run.
             if bound == name:
                 await self._release(ns, run.spec.pool, events)
-            return {}
+            said = "the run finished; its workers are released"
+            return {
+                "conditions": [
+                    condition("Ready", False, "Succeeded", said),
+                    condition("Progressing", False, "Succeeded", said),
+                    condition("Degraded", False, "Valid", "the spec is valid"),
+                ]
+            }
         if pool_obj is None:
-            return _waiting(body, "PoolMissing", f"no RolloutPool {run.spec.pool}", events)
+            message = f"no RolloutPool {run.spec.pool}"
+            return _waiting(body, "PoolMissing", message, events, stuck=True)
         pool: RolloutPool = validated(RolloutPool, pool_obj)
         try:
             check_pair(pool, run)
@@ -445,7 +473,7 @@ class Reconciler:
             raise Invalid(str(e).removeprefix("TrainingRun ")) from None
         if bound and bound != name:
             message = f"RolloutPool {run.spec.pool} serves TrainingRun {bound}; one at a time"
-            return _waiting(body, "PoolBusy", message, events)
+            return _waiting(body, "PoolBusy", message, events, stuck=False)
         if bound != name:
             await self.kube.patch(
                 self._pool_url(ns, run.spec.pool) + "/status", {"status": {"run": name}}

@@ -72,12 +72,18 @@ class RunReporter:
         self.patched = time.monotonic()
         kube, ns = self.kube, self.run.metadata.namespace
         try:
+            pool = await kube.get(path(API_VERSION, "rolloutpools", ns, self.pool.metadata.name))
             pods = await kube.list(
                 path("v1", "pods", ns), children.worker_selector(self.pool.metadata.name)
             )
         except (KubeError, httpx.TransportError) as e:
             log.warning("listing %s's pods failed; retried next cycle: %s", self.run.spec.pool, e)
             return False
+        if ((pool or {}).get("status") or {}).get("run") != self.run.metadata.name:
+            # The pool was deleted or released: this loop ends (its run's handler says
+            # why on the run), rather than report a run Running on workers it lost.
+            log.info("run %s/%s: its pool is gone; its loop ends", ns, self.run.metadata.name)
+            return True
         self._members(pods)
         await self._groups(pods)
         self._events()
@@ -90,7 +96,8 @@ class RunReporter:
             self.prices.get(p["metadata"]["labels"].get("cadence.dev/group", ""), 0.0) for p in pods
         )
         dollars = hourly * wall / 3600
-        phase = "Succeeded" if stats.done else "Running"
+        # Running once a worker has joined; before, its trainer answers but nothing runs.
+        phase = "Succeeded" if stats.done else "Running" if self.loop.workers else "Starting"
         self.series.version = stats.version
         self.series.tokens_per_second = round(stats.tokens_delivered / wall, 1)
         await kube.patch(

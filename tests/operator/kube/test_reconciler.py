@@ -368,3 +368,43 @@ def test_a_group_the_api_server_refuses_does_not_hold_up_the_pools_others() -> N
     assert degraded["message"] == (
         "RolloutGroup mixed-h800: 422: spec.replicas: Invalid value: 9: must be <= 4"
     )
+
+
+def _condition(status: Mapping[str, Any], kind: str) -> tuple[str, str]:
+    (c,) = [c for c in status["conditions"] if c["type"] == kind]
+    return c["status"], c["reason"]
+
+
+def test_status_says_what_is_so_idle_pools_finished_and_waiting_runs_stale_figures() -> None:
+    kube, events = MemoryKube(), Events()
+    reconciler = Reconciler(kube)
+    idle = kube.put(example("RolloutPool"))
+    missing = example("TrainingRun")
+    missing["metadata"]["name"] = "orphan"
+    missing["spec"]["pool"] = "nowhere"
+    group_url = path(API_VERSION, "rolloutgroups", "default", "mixed-h800")
+
+    async def go() -> None:
+        # A pool no run is bound to starts no worker: idle, not scaling for ever.
+        pool = await reconciler.pool(idle, events)
+        assert _condition(pool, "Ready") == ("False", "Idle")
+        assert _condition(pool, "Progressing") == ("False", "Idle")
+        # A run whose pool does not exist cannot start until someone acts: Degraded.
+        waiting = await reconciler.run(kube.put(missing), events)
+        assert waiting["phase"] == "Waiting"
+        assert _condition(waiting, "Degraded") == ("True", "PoolMissing")
+        # Figures a run's loop wrote into a group go when the run has gone.
+        run = await reconciler.run(kube.put(example("TrainingRun")), events)
+        assert _condition(run, "Degraded") == ("False", "Valid")
+        await kube.patch(group_url + "/status", {"status": {"versions": [3], "meanContext": 9}})
+        finished = kube.objects[path(API_VERSION, "trainingruns", "default", "digits")]
+        finished["status"] = {"phase": "Succeeded"}
+        done = await reconciler.run(finished, events)
+        assert _condition(done, "Ready") == ("False", "Succeeded")
+        await kube.delete(path(API_VERSION, "trainingruns", "default", "digits"))
+        group = await reconciler.group(kube.objects[group_url], events)
+        await kube.patch(group_url + "/status", {"status": group})
+
+    asyncio.run(go())
+    status = kube.objects[group_url]["status"]
+    assert "versions" not in status and "meanContext" not in status
