@@ -85,7 +85,8 @@ class RunReporter:
             log.info("run %s/%s: its pool is gone; its loop ends", ns, self.run.metadata.name)
             return True
         self._members(pods)
-        await self._groups(pods)
+        groups = (pool or {}).get("spec", {}).get("groups") or []
+        await self._groups(pods, {f"{self.pool.metadata.name}-{g.get('name')}" for g in groups})
         self._events()
         try:
             stats = await self.trainer.stats()
@@ -149,8 +150,9 @@ class RunReporter:
             log.info("workers %s join the loop", ", ".join(sorted(joined)))
             self.loop.add_workers(joined)
 
-    async def _groups(self, pods: list[dict[str, Any]]) -> None:
-        """Each RolloutGroup's share of the last cycle, into its status and the metrics."""
+    async def _groups(self, pods: list[dict[str, Any]], current: set[str]) -> None:
+        """Each RolloutGroup's share of the last cycle, into its status and the metrics;
+        only the groups the pool still has (a removed group's series go)."""
         if self.loop.last_plan is None:
             return
         snapshot, actions = self.loop.last_plan
@@ -161,6 +163,8 @@ class RunReporter:
         }
         shapes = []
         for name, (affinity, capacity) in self.shapes.items():
+            if name not in current:
+                continue
             # A live worker's own capacity, else the catalog's (a group scaled to zero).
             live = [w.capacity for w in snapshot.workers if group_of.get(w.id) == name]
             shapes.append(GroupShape(name, affinity, max(live, default=capacity)))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from cadence.operator.api.resources import load
+from cadence.operator.api.resources import API_VERSION, load
 from cadence.operator.control.loop import ControlLoop, LoopConfig
 from cadence.operator.kube.handlers import pod_endpoint
 from cadence.operator.kube.run_report import RunReporter
@@ -13,6 +13,8 @@ from cadence.operator.scheduler.cadence import CadencePolicy
 from cadence.operator.scheduler.snapshot import Knobs
 from cadence.trainer.client import TrainerClient
 from tests.helpers import TRAINING_RUN
+from tests.operator.kube.memory_kube import MemoryKube
+from tests.operator.scheduler.factories import make_snapshot
 
 
 def _pod(name: str, uid: str, ip: str | None, ready: bool) -> dict[str, Any]:
@@ -61,3 +63,34 @@ def test_pods_join_when_ready_join_afresh_when_recreated_and_leave_when_gone() -
         await trainer.aclose()
 
     asyncio.run(go())
+
+
+def test_a_group_removed_from_the_pool_mid_run_stops_being_reported() -> None:
+    pool, run = load(TRAINING_RUN)
+    trainer = TrainerClient("http://127.0.0.1:9", "t")  # never called here
+    kube = MemoryKube()
+    for group in ("mixed-h800", "mixed-a910x"):
+        kube.put({"apiVersion": API_VERSION, "kind": "RolloutGroup", "metadata": {"name": group}})
+
+    async def go() -> set[str]:
+        loop = ControlLoop(
+            CadencePolicy(), LoopConfig(knobs=Knobs(h_min=256, delta=16, eta=1)), trainer, {}, "t"
+        )
+        loop.last_plan = (make_snapshot([]), ())
+        reporter = RunReporter(
+            kube=kube,
+            endpoint=pod_endpoint,
+            status_every_s=1.0,
+            run=run,
+            pool=pool,
+            body={},
+            loop=loop,
+            trainer=trainer,
+            post=lambda *_: None,
+        )
+        await reporter._groups([], {"mixed-h800"})  # a910x was removed from the pool
+        await loop.aclose()
+        await trainer.aclose()
+        return set(reporter.series.groups)
+
+    assert asyncio.run(go()) == {"mixed-h800"}
