@@ -782,6 +782,18 @@ def _run_fixed(field: str) -> str:
     return f"spec.{field} cannot change once the run exists; make a new TrainingRun"
 
 
+class CompletionSpec(_Spec):
+    """What happens when the run has trained its last batch, as Kubeflow's trainers'
+    run policies do: the workers are released as soon as it finishes."""
+
+    stop_trainer: bool = True
+    """Stop the trainer's pod (its StatefulSet to 0 replicas): it may hold many devices.
+    Its state (ledger, weights) and Service stay; false keeps it serving."""
+    ttl_seconds_after_finished: int | None = Field(default=None, ge=0, le=10**8)
+    """Delete the TrainingRun (and so its trainer, state and all) this long after it
+    finished; unset: keep it until deleted by hand."""
+
+
 class TrainingRunSpec(_Spec):
     """What a run trains (model, dataset, batch, trainer), on which pool, and how its
     control loop schedules; only scheduler and multiTurn may change once it exists."""
@@ -826,6 +838,9 @@ class TrainingRunSpec(_Spec):
     multi_turn: MultiTurnSpec = MultiTurnSpec()
     """Tool calls: the environment and its limits; off unless environment and
     maxToolCalls are set."""
+    completion: CompletionSpec = CompletionSpec()
+    """What happens once the run finished: its trainer stopped, the run deleted after a
+    while."""
 
 
 class TrainingRun(_Spec):
@@ -934,6 +949,8 @@ class TrainingRunStatus(_Spec):
     warnings: list[str] = []
     """Knobs that hold but hurt, one sentence each (a pinned hMin below one control
     period's growth on some worker)."""
+    completion_time: str | None = None
+    """When the run finished (RFC 3339), for ttlSecondsAfterFinished."""
     conditions: Conditions = []
     """Ready, Progressing and Degraded, one of each type."""
 

@@ -455,6 +455,8 @@ class Reconciler:
             # and the pool may serve the next run.
             if bound == name:
                 await self._release(ns, run.spec.pool, events)
+            if await self._complete(run, body, events):
+                return {}
             said = "the run finished; its workers are released"
             return {
                 "conditions": [
@@ -502,6 +504,28 @@ class Reconciler:
         if phase not in ("Running", "Starting"):
             status["phase"] = "Starting"
         return status
+
+    async def _complete(self, run: TrainingRun, body: Mapping[str, Any], events: Events) -> bool:
+        """A finished run's completion policy: its trainer stopped (its state and Service
+        kept), the run deleted once its time to live after finishing has passed. True
+        when the run was deleted."""
+        ns, policy = run.metadata.namespace, run.spec.completion
+        if policy.stop_trainer:
+            url = path("apps/v1", "statefulsets", ns, children.trainer_name(run))
+            trainer = await self.kube.get(url)
+            if trainer is not None and trainer["spec"].get("replicas", 1) != 0:
+                await self.kube.patch(url, {"spec": {"replicas": 0}})
+                events.append(("TrainerStopped", f"{children.trainer_name(run)}: the run finished"))
+        finished = (body.get("status") or {}).get("completionTime")
+        ttl = policy.ttl_seconds_after_finished
+        if ttl is None or not finished:
+            return False
+        at = datetime.datetime.strptime(finished, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=datetime.UTC)
+        if datetime.datetime.now(datetime.UTC) < at + datetime.timedelta(seconds=ttl):
+            return False
+        await self.kube.delete(path(API_VERSION, "trainingruns", ns, run.metadata.name))
+        log.info("TrainingRun %s/%s deleted %d s after it finished", ns, run.metadata.name, ttl)
+        return True
 
     async def _not_serving(self, run: TrainingRun, pool: RolloutPool) -> str:
         """What keeps `run` from being served, in a sentence; empty when its trainer

@@ -6,6 +6,7 @@ workers are lost, or a pinned floor is below a worker's growth."""
 
 from __future__ import annotations
 
+import datetime
 import logging
 import time
 from collections import Counter
@@ -26,6 +27,11 @@ from cadence.operator.kube.metrics import RunSeries
 from cadence.trainer.client import TrainerClient, TrainerError
 
 log = logging.getLogger("cadence.operator")
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
 
 Status = dict[str, Any]
 
@@ -115,6 +121,7 @@ class RunReporter:
                     if dollars > 0
                     else 0.0,
                     "warnings": sorted(set(self.loop.floor_warnings.values())),
+                    **({"completionTime": _now()} if stats.done else {}),
                 }
             },
         )

@@ -408,3 +408,19 @@ def test_status_says_what_is_so_idle_pools_finished_and_waiting_runs_stale_figur
     asyncio.run(go())
     status = kube.objects[group_url]["status"]
     assert "versions" not in status and "meanContext" not in status
+
+
+@pytest.mark.parametrize("ttl", [None, 60])
+def test_a_finished_run_stops_its_trainer_and_goes_after_its_time_to_live(
+    ttl: int | None,
+) -> None:
+    kube, reconciler, events = _bound()
+    run_url = path(API_VERSION, "trainingruns", "default", "digits")
+    trainer_url = path("apps/v1", "statefulsets", "default", "digits-trainer")
+    finished = kube.objects[run_url]
+    finished["spec"]["completion"] = {"ttlSecondsAfterFinished": ttl}
+    # Finished long ago, as its control loop wrote.
+    finished["status"] = {"phase": "Succeeded", "completionTime": "2026-01-01T00:00:00Z"}
+    asyncio.run(reconciler.run(finished, events))
+    assert kube.objects[trainer_url]["spec"]["replicas"] == 0  # its devices are free
+    assert (run_url in kube.objects) == (ttl is None)
