@@ -477,9 +477,19 @@ class Reconciler:
             message = f"RolloutPool {run.spec.pool} serves TrainingRun {bound}; one at a time"
             return _waiting(body, "PoolBusy", message, events, stuck=False)
         if bound != name:
-            await self.kube.patch(
-                self._pool_url(ns, run.spec.pool) + "/status", {"status": {"run": name}}
-            )
+            # Bound only if the pool is as it was read: two runs created at once both saw
+            # it free, and the second write must fail, not take the pool from the first.
+            version = pool_obj["metadata"].get("resourceVersion")
+            claim: dict[str, Any] = {"status": {"run": name}}
+            if version is not None:
+                claim["metadata"] = {"resourceVersion": version}
+            try:
+                await self.kube.patch(self._pool_url(ns, run.spec.pool) + "/status", claim)
+            except KubeError as e:
+                if e.status != 409:
+                    raise
+                message = f"RolloutPool {run.spec.pool} changed as this run bound it; trying again"
+                return _waiting(body, "PoolBusy", message, events, stuck=False)
             events.append(("Bound", f"RolloutPool {run.spec.pool}"))
         for obj in children.trainer_objects(run, body, pool):
             await self.kube.ensure(obj)

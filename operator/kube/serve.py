@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -173,6 +174,20 @@ def configure_logging(log_format: str = "full", *, verbose: bool = False) -> Non
     embedding kopf logs nothing below WARNING and no time at all."""
     formats = {"full": kopf.LogFormat.FULL, "json": kopf.LogFormat.JSON}
     kopf.configure(verbose=verbose, log_format=formats[log_format])
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.StreamHandler) and handler.stream is sys.stderr:
+            handler.setStream(_Stderr())
+
+
+class _Stderr:
+    """sys.stderr as it is when a line is written, not when logging was configured: a
+    program that runs the operator in process (a test suite) swaps and closes its own."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
 
 
 def serve(

@@ -11,6 +11,7 @@ from typing import Any
 from cadence.operator.kube.client import KubeError, path_of
 
 _uids = itertools.count(1)
+_versions = itertools.count(1)
 
 
 def merge(target: dict[str, Any], patch: Mapping[str, Any]) -> None:
@@ -34,6 +35,7 @@ class MemoryKube:
         stored["metadata"].setdefault("uid", f"uid-{next(_uids)}")
         stored["metadata"].setdefault("namespace", "default")
         stored["metadata"].setdefault("generation", 1)
+        stored["metadata"]["resourceVersion"] = str(next(_versions))
         self.objects[path_of(stored)] = stored
         return stored
 
@@ -68,9 +70,16 @@ class MemoryKube:
             url = url.removesuffix("/status")
         if url not in self.objects:
             raise KubeError(404, f"{url} not found")
+        # A patch naming a resourceVersion applies only to that version, as the API
+        # server's optimistic concurrency has it.
+        expected = (body.get("metadata") or {}).get("resourceVersion")
+        current = self.objects[url]["metadata"]["resourceVersion"]
+        if expected is not None and expected != current:
+            raise KubeError(409, f"{url}: the object has been modified")
         merge(self.objects[url], body)
         if "spec" in body:  # as the API server counts changes to the spec
             self.objects[url]["metadata"]["generation"] += 1
+        self.objects[url]["metadata"]["resourceVersion"] = str(next(_versions))
         return copy.deepcopy(self.objects[url])
 
     async def delete(self, url: str) -> bool:

@@ -424,3 +424,31 @@ def test_a_finished_run_stops_its_trainer_and_goes_after_its_time_to_live(
     asyncio.run(reconciler.run(finished, events))
     assert kube.objects[trainer_url]["spec"]["replicas"] == 0  # its devices are free
     assert (run_url in kube.objects) == (ttl is None)
+
+
+def test_two_runs_created_at_once_never_both_bind_the_pool() -> None:
+    kube, events = MemoryKube(), Events()
+    reconciler = Reconciler(kube)
+    pool = kube.put(example("RolloutPool"))
+    first, second = example("TrainingRun"), example("TrainingRun")
+    second["metadata"]["name"] = "digits-2"
+    get = kube.get
+
+    async def interleaved(url: str) -> dict[str, Any] | None:
+        found = await get(url)
+        await asyncio.sleep(0)  # the other run's handler reads the pool too
+        return found
+
+    kube.get = interleaved  # type: ignore[method-assign]
+
+    async def go() -> tuple[Status, Status]:
+        await reconciler.pool(pool, events)
+        return await asyncio.gather(
+            reconciler.run(kube.put(first), events), reconciler.run(kube.put(second), events)
+        )
+
+    statuses = asyncio.run(go())
+    assert [e for e in events if e[0] == "Bound"] == [("Bound", "RolloutPool mixed")]
+    assert sorted(s.get("phase", "") for s in statuses) == ["Starting", "Waiting"]
+    bound = kube.objects[path(API_VERSION, "rolloutpools", "default", "mixed")]["status"]["run"]
+    assert bound in ("digits", "digits-2")
