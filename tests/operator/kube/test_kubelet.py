@@ -272,7 +272,13 @@ def test_a_run_trains_on_pods_the_kubelet_runs_from_their_specs(
             timeout_s=OPERATOR_S,
             what="the finished run's pool released",
         )
-        events = call(url, "GET", "/api/v1/namespaces/default/events")["items"]
+
+        def events_once_released() -> list[dict[str, Any]]:
+            items = call(url, "GET", "/api/v1/namespaces/default/events")["items"]
+            return items if any(e["reason"] == "Released" for e in items) else []
+
+        # Posted after the handler that released the pool returns.
+        events = eventually(events_once_released, timeout_s=OPERATOR_S, what="Released")
         restarts = {
             p["metadata"]["name"]: p["status"]["containerStatuses"][0]["restartCount"]
             for p in call(url, "GET", PODS)["items"]
