@@ -290,7 +290,17 @@ class Reconciler:
             if run_name
             else None
         )
-        await self.kube.ensure(children.disruption_budget(group, body))
+        # A group whose pool (or itself) is gone or going makes nothing more: owner
+        # references are collecting it, and what it made now would be orphaned for a
+        # while (its pods were created for about 20 s after `kubectl delete rpool`).
+        here = await self.kube.get(path(API_VERSION, "rolloutgroups", ns, group.metadata.name))
+        going = any(
+            obj is None or obj["metadata"].get("deletionTimestamp") for obj in (pool_obj, here)
+        )
+        if going:
+            run_obj = None
+        else:
+            await self.kube.ensure(children.disruption_budget(group, body))
         selector = {"cadence.dev/pool": g.pool, "cadence.dev/group": g.group}
         pods = await self.kube.list(path("v1", "pods", ns), selector)
         live = []

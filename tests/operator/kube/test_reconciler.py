@@ -452,3 +452,17 @@ def test_two_runs_created_at_once_never_both_bind_the_pool() -> None:
     assert sorted(s.get("phase", "") for s in statuses) == ["Starting", "Waiting"]
     bound = kube.objects[path(API_VERSION, "rolloutpools", "default", "mixed")]["status"]["run"]
     assert bound in ("digits", "digits-2")
+
+
+def test_a_group_whose_pool_is_gone_makes_nothing_more() -> None:
+    kube, reconciler, events = _bound()
+    url = path(API_VERSION, "rolloutgroups", "default", "mixed-h800")
+    group = kube.objects[url]
+
+    async def go() -> Status:
+        await kube.delete(path(API_VERSION, "rolloutpools", "default", "mixed"))
+        return await reconciler.group(group, events)  # before the collector takes the group
+
+    status = asyncio.run(go())
+    assert status["replicas"] == 0 and _pods(kube, "h800") == []
+    assert kube.of_kind("PodDisruptionBudget") == []
