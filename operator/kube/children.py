@@ -275,6 +275,26 @@ def pod_ready(pod: Mapping[str, Any]) -> bool:
     return False
 
 
+def crash_said(pod: Mapping[str, Any]) -> str | None:
+    """Why a pod's container keeps exiting, in a clause, from its last termination (the
+    message is the end of its log: `terminationMessagePolicy: FallbackToLogsOnError`);
+    None while it has not exited."""
+    for c in (pod.get("status") or {}).get("containerStatuses") or []:
+        last = (c.get("lastState") or {}).get("terminated") or (c.get("state") or {}).get(
+            "terminated"
+        )
+        if not last:
+            continue
+        lines = [line for line in str(last.get("message") or "").splitlines() if line.strip()]
+        what = lines[-1].strip()[:300] if lines else last.get("reason") or "no message"
+        code = last.get("exitCode")
+        return (
+            f"pod {pod['metadata']['name']} exited {c.get('restartCount', 0) + 1} time(s), "
+            f"last with code {code}: {what}"
+        )
+    return None
+
+
 def pod_url(pod: Mapping[str, Any]) -> str | None:
     """A worker pod's control URL; None until it has an IP. Over HTTP, its IP; over TLS
     (its worker serves a certificate), its name under the pool's headless Service
@@ -428,6 +448,7 @@ def worker_pod(
                 "env": env,
                 "resources": _resources(g.resources, WORKER_BASE),
                 "securityContext": CONTAINER_SECURITY,
+                "terminationMessagePolicy": "FallbackToLogsOnError",  # why it exited
                 "volumeMounts": [
                     {"name": "shm", "mountPath": "/dev/shm"},
                     {"name": "weights", "mountPath": WEIGHTS_DIR},
@@ -617,6 +638,7 @@ def trainer_objects(
                                 "env": [_token_env(pool)],
                                 "resources": _resources(t.resources, TRAINER_BASE),
                                 "securityContext": CONTAINER_SECURITY,
+                                "terminationMessagePolicy": "FallbackToLogsOnError",
                                 "readinessProbe": _probe(pool, "/healthz", "http"),
                                 "volumeMounts": [
                                     {"name": "state", "mountPath": TRAINER_STATE},

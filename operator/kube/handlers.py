@@ -558,7 +558,16 @@ class Reconciler:
         for g in sorted(groups, key=lambda g: str(g["spec"]["group"])):
             st = g.get("status") or {}
             if st.get("readyReplicas", 0) < 1:
-                missing.append(f"group {g['spec']['group']} has no ready worker")
+                pods = await self.kube.list(
+                    path("v1", "pods", ns),
+                    {
+                        "cadence.dev/pool": pool.metadata.name,
+                        "cadence.dev/group": g["spec"]["group"],
+                    },
+                )
+                crashed = next(filter(None, map(children.crash_said, pods)), None)
+                why = f": {crashed}" if crashed else ""
+                missing.append(f"group {g['spec']['group']} has no ready worker{why}")
         token = await self._token(ns, pool.spec.token_secret)
         answered = False
         if token is not None:
@@ -573,7 +582,14 @@ class Reconciler:
             finally:
                 await client.aclose()
         if not answered:
-            missing.insert(0, "the trainer does not answer yet")
+            pod = await self.kube.get(path("v1", "pods", ns, f"{children.trainer_name(run)}-0"))
+            crashed = children.crash_said(pod) if pod is not None else None
+            said = (
+                f"the trainer does not answer: {crashed}"
+                if crashed
+                else "the trainer does not answer yet"
+            )
+            missing.insert(0, said)
         return "; ".join(missing)
 
     async def control(self, body: Mapping[str, Any], stopped: Stopped) -> None:

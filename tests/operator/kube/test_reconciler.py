@@ -466,3 +466,34 @@ def test_a_group_whose_pool_is_gone_makes_nothing_more() -> None:
     status = asyncio.run(go())
     assert status["replicas"] == 0 and _pods(kube, "h800") == []
     assert kube.of_kind("PodDisruptionBudget") == []
+
+
+def test_a_trainer_that_keeps_exiting_is_said_with_its_last_words() -> None:
+    # The example run on a cluster whose image has no weights: the trainer crash-looped
+    # while the run said only that no worker was ready.
+    kube, reconciler, events = _bound()
+    reconciler.trainer_endpoint = lambda run, pool: "http://127.0.0.1:9"  # nobody there
+    said = "cadence: error: /models/Qwen3-8B holds no Hugging Face model (no config.json)"
+    kube.put(
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "digits-trainer-0"},
+            "status": {
+                "containerStatuses": [
+                    {
+                        "restartCount": 3,
+                        "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+                        "lastState": {
+                            "terminated": {"exitCode": 2, "message": f"loading\n{said}\n"}
+                        },
+                    }
+                ]
+            },
+        }
+    )
+    run = kube.objects[path(API_VERSION, "trainingruns", "default", "digits")]
+    status = asyncio.run(reconciler.run(run, events))
+    (ready,) = [c for c in status["conditions"] if c["type"] == "Ready"]
+    exited = "pod digits-trainer-0 exited 4 time(s), last with code 2"
+    assert ready["message"].startswith(f"the trainer does not answer: {exited}: {said}")
