@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -171,23 +170,12 @@ async def _stopped(flag: StopFlag | None) -> None:
 def configure_logging(log_format: str = "full", *, verbose: bool = False) -> None:
     """Log as `kopf run` does: INFO and above (DEBUG when verbose), each line with its
     time, logger and level, or as JSON for a log pipeline. Without it an operator
-    embedding kopf logs nothing below WARNING and no time at all."""
+    embedding kopf logs nothing below WARNING and no time at all. Logging that the
+    process has already set up is left as it is."""
+    if logging.getLogger().handlers:
+        return  # a program running the operator in process (a test suite) logs its way
     formats = {"full": kopf.LogFormat.FULL, "json": kopf.LogFormat.JSON}
     kopf.configure(verbose=verbose, log_format=formats[log_format])
-    for handler in logging.getLogger().handlers:
-        if isinstance(handler, logging.StreamHandler) and handler.stream is sys.stderr:
-            handler.setStream(_Stderr())
-
-
-class _Stderr:
-    """sys.stderr as it is when a line is written, not when logging was configured: a
-    program that runs the operator in process (a test suite) swaps and closes its own."""
-
-    def write(self, text: str) -> int:
-        return sys.stderr.write(text)
-
-    def flush(self) -> None:
-        sys.stderr.flush()
 
 
 def serve(

@@ -36,3 +36,15 @@ def test_the_operator_can_log_one_json_object_a_line() -> None:
     record = json.loads(line)
     assert record["message"] == "pool fleet bound" and record["severity"] == "info"
     assert record["timestamp"].startswith("20")
+
+
+def test_a_program_that_set_up_its_logging_keeps_it() -> None:
+    # A test suite running the operator in process: its own handlers stay in charge.
+    program = (
+        "import logging\nlogging.basicConfig(level=logging.INFO, format='mine: %(message)s')\n"
+    )
+    program += _LOGS.format(format="full", verbose=False)
+    done = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, check=True
+    )
+    assert (done.stdout + done.stderr).splitlines() == ["mine: pool fleet bound"]
