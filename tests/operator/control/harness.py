@@ -97,6 +97,15 @@ class LocalPool:
             transport=self.router,
         )
 
+    async def run_until_delivered(self, loop: ControlLoop, samples: int, rounds: int) -> None:
+        """Cycle the loop and decode 4 steps, up to `rounds` times, until the trainer has
+        `samples` delivered."""
+        for _ in range(rounds):
+            await loop.cycle()
+            await self.decode(steps=4)
+            if self.trainer.ledger.counts().get("delivered", 0) == samples:
+                return
+
     async def decode(self, steps: int = 1, *, skip: frozenset[str] = frozenset()) -> None:
         """Every live worker decodes `steps` steps and hands what finished to the trainer;
         those in `skip` answer but do not decode (a stalled engine)."""

@@ -32,11 +32,7 @@ def test_a_batch_is_placed_decoded_and_delivered_once_through_the_endpoints(
 
     async def go() -> None:
         loop = pool.loop(KNOBS)
-        for _ in range(40):
-            await loop.cycle()
-            await pool.decode(steps=4)
-            if pool.trainer.ledger.counts().get("delivered", 0) == 8:
-                break
+        await pool.run_until_delivered(loop, samples=8, rounds=40)
         await loop.aclose()
         assert loop.totals["place"] >= 8 and loop.totals["errors"] == 0
 
@@ -143,11 +139,7 @@ def test_a_lost_worker_that_answers_again_rejoins_and_its_stale_copies_are_fence
         assert paused.counts["fenced"] == len(stale)
         assert loop.last_plan is not None
         assert "w0" in {w.id for w in loop.last_plan[0].workers}, "it is planned on again"
-        for _ in range(60):
-            await loop.cycle()
-            await pool.decode(steps=4)
-            if pool.trainer.ledger.counts().get("delivered", 0) == 8:
-                break
+        await pool.run_until_delivered(loop, samples=8, rounds=60)
         await loop.aclose()
         assert loop.totals["fenced"] == len(stale)
 
@@ -285,11 +277,7 @@ def test_a_worker_whose_pod_is_gone_leaves_and_its_work_is_requeued_at_once(
         loop.remove_workers(["w0"])
         report = await loop.cycle()  # not after 60 s of silence: now
         assert report.requeued == len(on_w0) and "w0" not in loop.workers
-        for _ in range(40):
-            await loop.cycle()
-            await pool.decode(steps=4)
-            if pool.trainer.ledger.counts().get("delivered", 0) == 8:
-                break
+        await pool.run_until_delivered(loop, samples=8, rounds=40)
         await loop.aclose()
 
     asyncio.run(go())
@@ -317,11 +305,7 @@ def test_a_worker_recreated_at_a_new_address_joins_afresh_not_after_its_backoff(
         assert loop.lost == frozenset()
         assert loop.last_plan is not None
         assert "w0" in {w.id for w in loop.last_plan[0].workers}
-        for _ in range(40):
-            await loop.cycle()
-            await pool.decode(steps=4)
-            if pool.trainer.ledger.counts().get("delivered", 0) == 8:
-                break
+        await pool.run_until_delivered(loop, samples=8, rounds=40)
         await loop.aclose()
 
     asyncio.run(go())

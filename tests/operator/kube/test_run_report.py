@@ -24,25 +24,30 @@ def _pod(name: str, uid: str, ip: str | None, ready: bool) -> dict[str, Any]:
     return {"metadata": {"name": name, "uid": uid, "labels": {}}, "spec": {}, "status": status}
 
 
-def test_pods_join_when_ready_join_afresh_when_recreated_and_leave_when_gone() -> None:
+def _reporter(kube: MemoryKube | None, trainer: TrainerClient) -> RunReporter:
+    """The example run's reporter, over a loop with no worker yet."""
     pool, run = load(TRAINING_RUN)
+    knobs = Knobs(h_min=256, delta=16, eta=1)
+    loop = ControlLoop(CadencePolicy(), LoopConfig(knobs=knobs), trainer, {}, "t")
+    return RunReporter(
+        kube=kube,  # type: ignore[arg-type]
+        endpoint=pod_endpoint,
+        status_every_s=1.0,
+        run=run,
+        pool=pool,
+        body={},
+        loop=loop,
+        trainer=trainer,
+        post=lambda *_: None,
+    )
+
+
+def test_pods_join_when_ready_join_afresh_when_recreated_and_leave_when_gone() -> None:
     trainer = TrainerClient("http://127.0.0.1:9", "t")  # never called here
 
     async def go() -> None:
-        loop = ControlLoop(
-            CadencePolicy(), LoopConfig(knobs=Knobs(h_min=256, delta=16, eta=1)), trainer, {}, "t"
-        )
-        reporter = RunReporter(
-            kube=None,  # type: ignore[arg-type]
-            endpoint=pod_endpoint,
-            status_every_s=1.0,
-            run=run,
-            pool=pool,
-            body={},
-            loop=loop,
-            trainer=trainer,
-            post=lambda *_: None,
-        )
+        reporter = _reporter(None, trainer)
+        loop = reporter.loop
         loading = _pod("mixed-h800-1", "u1", "10.0.0.2", ready=False)  # model still loading
         reporter._members(
             [_pod("mixed-h800-0", "u0", "10.0.0.1", True), loading, _pod("x", "u", None, True)]
@@ -66,28 +71,15 @@ def test_pods_join_when_ready_join_afresh_when_recreated_and_leave_when_gone() -
 
 
 def test_a_group_removed_from_the_pool_mid_run_stops_being_reported() -> None:
-    pool, run = load(TRAINING_RUN)
     trainer = TrainerClient("http://127.0.0.1:9", "t")  # never called here
     kube = MemoryKube()
     for group in ("mixed-h800", "mixed-a910x"):
         kube.put({"apiVersion": API_VERSION, "kind": "RolloutGroup", "metadata": {"name": group}})
 
     async def go() -> set[str]:
-        loop = ControlLoop(
-            CadencePolicy(), LoopConfig(knobs=Knobs(h_min=256, delta=16, eta=1)), trainer, {}, "t"
-        )
+        reporter = _reporter(kube, trainer)
+        loop = reporter.loop
         loop.last_plan = (make_snapshot([]), ())
-        reporter = RunReporter(
-            kube=kube,
-            endpoint=pod_endpoint,
-            status_every_s=1.0,
-            run=run,
-            pool=pool,
-            body={},
-            loop=loop,
-            trainer=trainer,
-            post=lambda *_: None,
-        )
         await reporter._groups([], {"mixed-h800"})  # a910x was removed from the pool
         await loop.aclose()
         await trainer.aclose()
