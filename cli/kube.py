@@ -31,6 +31,7 @@ def _cmd_operator(args: argparse.Namespace) -> int:
             resync_s=args.resync_s,
             leader_elect=args.leader_elect,
             lease_namespace=args.lease_namespace,
+            scrapers_namespace=args.prometheus_namespace,
             kubeconfig=args.kubeconfig,
             context=args.context,
         )
@@ -91,6 +92,12 @@ def add_operator(sub: Commands) -> None:
     op.add_argument(
         "--lease-namespace",
         help="the Lease's namespace (default: the pod's own, else default)",
+    )
+    op.add_argument(
+        "--prometheus-namespace",
+        default="monitoring",
+        help="the namespace whose pods may scrape workers' /metrics (default monitoring); "
+        "workers take control calls only from the operator, their trainer and each other",
     )
     op.add_argument(
         "--log-format",

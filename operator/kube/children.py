@@ -1,8 +1,8 @@
 """The Kubernetes objects the operator owns, as pure functions of the resources: a pool's
-RolloutGroups, its headless Service and token Secret, and with vLLM groups the
-NetworkPolicy of KV-cache migration between its workers; a group's worker pods; a run's
-trainer ConfigMap, StatefulSet and Service. No I/O here: the kopf handlers
-(`operator/kube/handlers.py`) compare these with what exists and create, patch or delete.
+RolloutGroups, its headless Service, token Secret and its workers' NetworkPolicy; a
+group's worker pods; a run's trainer ConfigMap, StatefulSet and Service. No I/O here:
+the kopf handlers (`operator/kube/handlers.py`) compare these with what exists and
+create, patch or delete.
 
 Worker pods are made by the operator rather than a Deployment so that scale-in can pick
 which pod goes (`scale_in_order`), as KubeRay's `workersToDelete` does: never the last
@@ -53,7 +53,7 @@ WEIGHTS_DIR = "/var/cache/cadence/weights"  # a worker's store of the versions i
 # KV-cache migration between a pool's vLLM workers (vLLM's NixlConnector): the NIXL side
 # channel, where a destination asks the source for its blocks' layout (vLLM's default
 # VLLM_NIXL_SIDE_CHANNEL_PORT), and the ports UCX's TCP transport listens on for the
-# blocks themselves (pinned with UCX_TCP_PORT_RANGE; see `kv_transfer_policy`). Below the
+# blocks themselves (pinned with UCX_TCP_PORT_RANGE; see `worker_policy`). Below the
 # kernel's ephemeral range (32768-60999), so no outgoing connection takes one of them.
 KV_TRANSFER_PORT = 5600
 KV_DATA_PORTS = (5601, 5999)
@@ -323,14 +323,21 @@ def _kv_transfer_env() -> list[dict[str, Any]]:
     return [{"name": "UCX_TCP_PORT_RANGE", "value": f"{first}-{last}"}]
 
 
-def kv_transfer_policy(pool: RolloutPool, pool_obj: Mapping[str, Any]) -> dict[str, Any] | None:
-    """A NetworkPolicy that admits KV-cache migration between the pool's own workers and
-    from nothing else: the NIXL side channel and UCX's TCP ports, from pods with the
-    pool's worker labels, to pods with them. None for a pool with no vLLM group.
-
-    It only adds to the `cadence-workers` policy of manifests/base (policies add up): that
-    one isolates every worker and opens its control port. In a namespace without it, this
-    policy alone would isolate the pool's workers too, their control port closed.
+def worker_policy(
+    pool: RolloutPool,
+    pool_obj: Mapping[str, Any],
+    *,
+    operator_namespace: str,
+    scrapers_namespace: str,
+) -> dict[str, Any]:
+    """The NetworkPolicy of a pool's workers, in the pool's namespace: their control port
+    (state, place, evict, claim, release, advance, weights; /metrics too) takes calls from
+    the operator's pods (in `operator_namespace`), the pool's trainer and the pool's own
+    workers, and scrapes from `scrapers_namespace` (Prometheus's); with vLLM groups, KV-cache
+    migration (the NIXL side channel and UCX's TCP ports) only between the pool's workers.
+    Nothing else reaches them. The operator makes it for every pool, wherever the pool
+    lives: one policy installed beside the operator covered only the operator's namespace,
+    and a pool elsewhere then had its control port closed by the KV policy alone.
 
     The blocks travel over NIXL's UCX backend. Over TCP (a pod network; RDMA transports
     bypass it and the policy) each UCX worker listens on a port per network interface
@@ -342,33 +349,48 @@ def kv_transfer_policy(pool: RolloutPool, pool_obj: Mapping[str, Any]) -> dict[s
     port of the range while one is taken (5 per address fit a 6-port range; a 3-port
     range hung the agent's start), hence a wide range. So the policy opens that range,
     not all TCP. NIXL's own metadata listener is off in vLLM."""
-    if not any(g.engine.backend == "vllm" for g in pool.spec.groups):
-        return None
     name = pool.metadata.name
     workers = {"matchLabels": worker_selector(name)}
-    first, last = KV_DATA_PORTS
+    trainer = {"matchLabels": {"cadence.dev/pool": name, "app.kubernetes.io/component": "trainer"}}
+    operator = {
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": operator_namespace}},
+        "podSelector": {"matchLabels": {"app.kubernetes.io/name": "cadence-operator"}},
+    }
+    control = [{"protocol": "TCP", "port": CONTROL_PORT}]
+    ingress: list[dict[str, Any]] = [
+        {"from": [operator, {"podSelector": trainer}, {"podSelector": workers}], "ports": control},
+        {
+            "from": [
+                {
+                    "namespaceSelector": {
+                        "matchLabels": {"kubernetes.io/metadata.name": scrapers_namespace}
+                    }
+                }
+            ],
+            "ports": control,
+        },
+    ]
+    if any(g.engine.backend == "vllm" for g in pool.spec.groups):
+        first, last = KV_DATA_PORTS
+        ingress.append(
+            {
+                "from": [{"podSelector": workers}],
+                "ports": [
+                    {"protocol": "TCP", "port": KV_TRANSFER_PORT},
+                    {"protocol": "TCP", "port": first, "endPort": last},
+                ],
+            }
+        )
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
         "metadata": {
-            "name": f"{name}-kv-transfer",
+            "name": f"{name}-workers",
             "namespace": pool.metadata.namespace,
             "labels": labels(name, "worker"),
             "ownerReferences": [owner(pool_obj)],
         },
-        "spec": {
-            "podSelector": workers,
-            "policyTypes": ["Ingress"],
-            "ingress": [
-                {
-                    "from": [{"podSelector": workers}],
-                    "ports": [
-                        {"protocol": "TCP", "port": KV_TRANSFER_PORT},
-                        {"protocol": "TCP", "port": first, "endPort": last},
-                    ],
-                }
-            ],
-        },
+        "spec": {"podSelector": workers, "policyTypes": ["Ingress"], "ingress": ingress},
     }
 
 

@@ -52,7 +52,7 @@ from cadence.operator.api.resources import (
 from cadence.operator.api.settings import budgets_of, knobs_of
 from cadence.operator.control.loop import ControlLoop, LoopConfig
 from cadence.operator.kube import children
-from cadence.operator.kube.client import KubeApi, KubeError, path
+from cadence.operator.kube.client import KubeApi, KubeError, path, path_of
 from cadence.operator.kube.events import EventRecorder, Post
 from cadence.operator.kube.metrics import OperatorMetrics
 from cadence.operator.kube.run_report import RunReporter
@@ -179,6 +179,10 @@ class Reconciler:
     post: Post = field(init=False)  # Events about its objects
     # The runs whose control loop is running now (waiting for its pool or trainer too).
     controlling: set[tuple[str, str]] = field(default_factory=set)
+    # Whose calls the workers' NetworkPolicy admits: the operator's pods (this namespace)
+    # and Prometheus (that one).
+    operator_namespace: str = "cadence-system"
+    scrapers_namespace: str = "monitoring"
 
     def __post_init__(self) -> None:
         self.post = EventRecorder(self.kube)
@@ -186,6 +190,14 @@ class Reconciler:
     async def aclose(self) -> None:
         if isinstance(self.post, EventRecorder):
             await self.post.drain()
+
+    async def _ensure_spec(self, obj: Mapping[str, Any]) -> None:
+        """Create `obj`, or bring an existing one's spec to `obj`'s: for objects only the
+        operator writes, whose spec follows the pool (a group turned to vLLM opens KV
+        ports)."""
+        existing, created = await self.kube.ensure(obj)
+        if not created and existing.get("spec") != obj["spec"]:
+            await self.kube.patch(path_of(obj), {"spec": obj["spec"]})
 
     def _pool_url(self, namespace: str, name: str | None = None) -> str:
         return path(API_VERSION, "rolloutpools", namespace, name)
@@ -213,8 +225,14 @@ class Reconciler:
                 events.append(("Removed", f"RolloutGroup {name}: no longer in the pool"))
         await self.kube.ensure(children.headless_service(pool, body))
         await self.kube.ensure(children.token_secret(pool, body))
-        if (policy := children.kv_transfer_policy(pool, body)) is not None:
-            await self.kube.ensure(policy)
+        await self._ensure_spec(
+            children.worker_policy(
+                pool,
+                body,
+                operator_namespace=self.operator_namespace,
+                scrapers_namespace=self.scrapers_namespace,
+            )
+        )
         bound = (body.get("status") or {}).get("run")
         run_obj = (
             await self.kube.get(path(API_VERSION, "trainingruns", ns, bound)) if bound else None

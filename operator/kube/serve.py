@@ -187,6 +187,7 @@ def serve(
     resync_s: float = 5.0,
     leader_elect: bool = False,
     lease_namespace: str | None = None,
+    scrapers_namespace: str = "monitoring",
     kubeconfig: Path | None = None,
     context: str | None = None,
 ) -> bool:
@@ -194,7 +195,9 @@ def serve(
 
     async def main() -> bool:
         kube = Kube.connect(info)
-        reconciler = Reconciler(kube)
+        reconciler = Reconciler(
+            kube, operator_namespace=own_namespace(), scrapers_namespace=scrapers_namespace
+        )
         REGISTRY.register(reconciler.metrics)
         elector = LeaderElector(kube, lease_namespace or own_namespace()) if leader_elect else None
         try:

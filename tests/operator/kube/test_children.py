@@ -550,22 +550,31 @@ def _selects(selector: dict[str, Any], pod: dict[str, Any]) -> bool:
     return bool(selector["matchLabels"].items() <= pod["metadata"]["labels"].items())
 
 
+def _policy(pool: RolloutPool, namespace: str = "cadence-system") -> dict[str, Any]:
+    policy = children.worker_policy(
+        pool,
+        _with_uid(pool, "pool-uid"),
+        operator_namespace=namespace,
+        scrapers_namespace="monitoring",
+    )
+    _valid(policy)
+    return policy
+
+
 def test_a_vllm_pools_policy_admits_kv_transfer_only_from_its_own_workers(
     tmp_path: Path,
 ) -> None:
     pool, run = _pool_and_run(tmp_path)
-    policy = children.kv_transfer_policy(pool, _with_uid(pool, "pool-uid"))
-    assert policy is not None
-    _valid(policy)
+    policy = _policy(pool)
     meta, spec = policy["metadata"], policy["spec"]
     assert (policy["kind"], meta["name"], meta["namespace"]) == (
         "NetworkPolicy",
-        "fleet-kv-transfer",
+        "fleet-workers",
         "default",
     )
     assert meta["ownerReferences"][0]["uid"] == "pool-uid"  # goes with its pool
     assert spec["policyTypes"] == ["Ingress"]
-    (rule,) = spec["ingress"]
+    rule = spec["ingress"][-1]
     (source,) = rule["from"]  # pods only: no namespaceSelector, no ipBlock
     assert set(source) == {"podSelector"}
     worker_labels = {"cadence.dev/pool": "fleet", "app.kubernetes.io/component": "worker"}
@@ -596,9 +605,32 @@ def test_a_vllm_pools_policy_admits_kv_transfer_only_from_its_own_workers(
     assert (rule["ports"][1]["port"], rule["ports"][1]["endPort"]) == (int(first), int(last))
 
 
-def test_an_emulated_pool_has_no_kv_transfer_policy(tmp_path: Path) -> None:
-    pool, _ = _pool_and_run(tmp_path, backend="emulated")
-    assert children.kv_transfer_policy(pool, _with_uid(pool, "p")) is None
+def test_every_pools_workers_take_control_calls_from_the_operator_trainer_and_peers(
+    tmp_path: Path,
+) -> None:
+    """A pool outside the operator's namespace had only its KV policy there, which
+    isolated its workers with port 8000 closed: the operator could not reach them."""
+    pool, run = _pool_and_run(tmp_path, backend="emulated")
+    policy = _policy(pool, namespace="rl-ops")
+    spec = policy["spec"]
+    control, scrape = spec["ingress"]  # an emulated pool: no KV rule
+    assert control["ports"] == scrape["ports"] == [{"protocol": "TCP", "port": 8000}]
+    operator, trainer_source, workers = control["from"]
+    assert operator == {
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "rl-ops"}},
+        "podSelector": {"matchLabels": {"app.kubernetes.io/name": "cadence-operator"}},
+    }
+    assert scrape["from"] == [
+        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
+    ]
+    trainer = children.trainer_objects(run, _with_uid(run, "r"), pool)[1]
+    assert _selects(trainer_source["podSelector"], trainer["spec"]["template"])
+    assert _selects(workers["podSelector"], _first_worker(pool, run))
+    assert _selects(spec["podSelector"], _first_worker(pool, run))
+    # Another pool's trainer is not admitted.
+    other = pool.model_copy(update={"metadata": pool.metadata.model_copy(update={"name": "x"})})
+    theirs = children.trainer_objects(run, _with_uid(run, "r"), other)[1]
+    assert not _selects(trainer_source["podSelector"], theirs["spec"]["template"])
 
 
 def test_every_pod_the_operator_makes_meets_the_restricted_pod_security_standard() -> None:

@@ -83,7 +83,6 @@ def test_the_base_renders_and_every_object_is_valid() -> None:
             "CustomResourceDefinition",
             "Deployment",
             "Namespace",
-            "NetworkPolicy",
             "Role",  # the leader election's Lease, in its own namespace
             "RoleBinding",
             "Service",
@@ -113,13 +112,12 @@ def test_the_base_renders_and_every_object_is_valid() -> None:
 @pytest.mark.kubectl  # kubectl kustomize
 def test_the_namespaced_install_stays_in_its_namespace() -> None:
     """manifests/namespaced: nothing cluster-wide, everything in one namespace, the
-    operator watching the namespace it runs in, bound to its Roles there, and reachable
-    by its workers there; its Role is the ClusterRole less the cluster-wide reads."""
+    operator watching the namespace it runs in, bound to its Roles there; its Role
+    is the ClusterRole less the cluster-wide reads."""
     docs = _kustomize(MANIFESTS / "namespaced")
     assert sorted(d["kind"] for d in docs) == sorted(
         [
             "Deployment",
-            "NetworkPolicy",
             "Role",
             "Role",
             "RoleBinding",
@@ -139,9 +137,6 @@ def test_the_namespaced_install_stays_in_its_namespace() -> None:
     assert args.namespace == ["$(POD_NAMESPACE)"] and not args.all_namespaces
     (env,) = operator["env"]
     assert env["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
-    (policy,) = [d for d in docs if d["kind"] == "NetworkPolicy"]
-    source = policy["spec"]["ingress"][0]["from"][0]
-    assert source["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"] == "rl-team"
     role = next(
         d for d in docs if d["kind"] == "Role" and d["metadata"]["name"] == "cadence-operator"
     )
@@ -201,7 +196,7 @@ def test_the_hpa_scales_a_rollout_group_the_example_pool_creates() -> None:
     names = {g.metadata.name for g in groups_of(RolloutPool.model_validate(doc))}
     target = hpa["spec"]["scaleTargetRef"]
     assert target["kind"] == "RolloutGroup" and target["name"] in names
-    # The namespace the README applies the example to (the NetworkPolicy's).
+    # The namespace the README applies the example to.
     assert hpa["metadata"]["namespace"] == "cadence-system"
     assert target["apiVersion"] == "cadence.dev/v1alpha1"
 

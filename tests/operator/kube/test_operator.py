@@ -227,14 +227,16 @@ def test_a_pool_and_a_run_get_groups_pods_and_a_trainer(cluster: str) -> None:
         obj = call(cluster, "GET", path)
         assert obj["kind"] == kind
         assert obj["metadata"]["ownerReferences"][0]["uid"] == run["metadata"]["uid"]
-    # A vLLM pool's workers may pull each other's KV caches, and no one else may.
+    # The workers take control calls from the operator, trainer and peers in the pool's
+    # own namespace; a vLLM pool's workers may pull each other's KV caches.
     policy = call(
         cluster,
         "GET",
-        "/apis/networking.k8s.io/v1/namespaces/default/networkpolicies/mixed-kv-transfer",
+        "/apis/networking.k8s.io/v1/namespaces/default/networkpolicies/mixed-workers",
     )
     assert policy["metadata"]["ownerReferences"][0]["uid"] == pool["metadata"]["uid"]
     assert policy["spec"]["podSelector"]["matchLabels"]["cadence.dev/pool"] == "mixed"
+    assert [r["ports"][0]["port"] for r in policy["spec"]["ingress"]] == [8000, 8000, 5600]
     status = eventually(
         lambda: _status(cluster, f"{NS}/trainingruns/digits"),
         timeout_s=OPERATOR_S,

@@ -245,6 +245,36 @@ def test_a_group_removed_from_its_pool_goes() -> None:
     assert ("Removed", "RolloutGroup mixed-a910x: no longer in the pool") in events
 
 
+def test_a_pool_in_any_namespace_gets_its_workers_policy_which_follows_its_groups() -> None:
+    """The workers' NetworkPolicy is the operator's, in the pool's namespace, admitting the
+    operator from its own; a group turned to vLLM opens the KV ports on the next pass."""
+    kube, events = MemoryKube(), Events()
+    reconciler = Reconciler(kube, operator_namespace="platform")
+    body = example("RolloutPool")
+    body["metadata"]["namespace"] = "rl-team"
+    for group in body["spec"]["groups"]:
+        group["engine"] = {**group.get("engine", {}), "backend": "emulated"}
+    pool = kube.put(body)
+    url = path(API_VERSION, "rolloutpools", "rl-team", "mixed")
+    policy_url = path("networking.k8s.io/v1", "networkpolicies", "rl-team", "mixed-workers")
+
+    async def go() -> None:
+        await reconciler.pool(pool, events)
+        policy = kube.objects[policy_url]
+        operator = policy["spec"]["ingress"][0]["from"][0]
+        assert operator["namespaceSelector"]["matchLabels"] == {
+            "kubernetes.io/metadata.name": "platform"
+        }
+        assert len(policy["spec"]["ingress"]) == 2  # control and scrapes: no KV rule
+        groups = kube.objects[url]["spec"]["groups"]
+        groups[0]["engine"]["backend"] = "vllm"
+        await reconciler.pool(await kube.patch(url, {"spec": {"groups": groups}}), events)
+
+    asyncio.run(go())
+    ports = [r["ports"][0]["port"] for r in kube.objects[policy_url]["spec"]["ingress"]]
+    assert ports == [8000, 8000, 5600]
+
+
 def test_a_pool_edit_reaches_its_group_and_rolls_its_pods_one_at_a_time() -> None:
     kube, reconciler, events = _bound()
     pool_url = path(API_VERSION, "rolloutpools", "default", "mixed")
