@@ -25,6 +25,10 @@ below closes those gaps:
   collector does with background propagation; kmock has no collector.
 - every request is recorded (`audit`: user agent, RBAC verb, group, resource), so a test
   can check the operator's ClusterRole allows what the operator does.
+- kmock keeps every request it served and, to route the next one, filters that whole
+  history once per reaction: each request cost more than the last (1,000 GETs took 31 s,
+  the fourth 1,000 took 209 s), so a long session stopped answering. The emulator keeps
+  only the last `HISTORY` requests (what it serves does not depend on older ones).
 - `/scale` is mapped through the CRD's `specReplicasPath`, `statusReplicasPath` and
   `labelSelectorPath`: GET returns an `autoscaling/v1` Scale, PATCH/PUT of
   `spec.replicas` writes the object's replicas field.
@@ -81,6 +85,7 @@ NAMESPACES = kmock.resource("", "v1", "namespaces")
 VERBS = {"create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"}
 NAME_COLUMN = {"name": "Name", "type": "string", "format": "name", "description": "", "priority": 0}
 AGE_COLUMN = {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}
+HISTORY = 256  # requests kmock remembers (its routing rescans them all per request)
 _NAMESPACE_PATH = re.compile(r"/api/v1/namespaces(?:/([^/]+))?/?")
 _ALL = "/api/v1/namespaces/*"
 _VERBS = {
@@ -130,7 +135,19 @@ class KubernetesEmulator(kmock.KubernetesEmulator):
         if raw_request.path.rstrip("/") == "/api/v1/namespaces":
             rel_url = raw_request.rel_url.with_path(_ALL).with_query(raw_request.query)
             raw_request = raw_request.clone(rel_url=rel_url)
+        self._forget()
         return await super().__call__(raw_request)
+
+    def _forget(self) -> None:
+        """Before kmock records a request: keep the last `HISTORY` - 1, kmock's and each
+        reaction's."""
+        for kept in (self._requests, *(p._requests for p in self._payloads)):
+            del kept[: max(0, len(kept) - HISTORY + 1)]
+
+    @property
+    def remembered(self) -> int:
+        """How many requests kmock holds now."""
+        return len(self._requests)
 
     async def _handle(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
         self._reparse(request)

@@ -21,7 +21,7 @@ import yaml
 from cadence.operator.api.resources import IMAGE
 from tests.helpers import ROOT, TRAINING_RUN, eventually, example
 
-from .k8s_emulator import ApiError, KubernetesEmulator, call, serve, write_kubeconfig
+from .k8s_emulator import HISTORY, ApiError, KubernetesEmulator, call, serve, write_kubeconfig
 
 CRD_FILES = sorted((ROOT / "crds").glob("*.cadence.dev.yaml"))
 EXAMPLE = TRAINING_RUN
@@ -459,3 +459,20 @@ def test_status_is_a_subresource(cluster: str) -> None:
     # Unknown fields are pruned, as the structural schema says, not stored.
     call(cluster, "PATCH", url + "/status", {"status": {"nonsense": 1}})
     assert "nonsense" not in call(cluster, "GET", url)["status"]
+
+
+def test_a_long_session_keeps_a_bounded_request_history_and_still_serves() -> None:
+    """kmock rescans its request history per request; unbounded, a session of some
+    thousand requests slowed every answer until callers timed out."""
+    emulator = KubernetesEmulator()
+    with serve(emulator) as url:
+        _apply_crds(url)
+        call(url, "POST", f"{DEFAULT}/rolloutpools", example("RolloutPool"))
+        for _ in range(HISTORY + 50):
+            call(url, "GET", f"{DEFAULT}/rolloutpools/mixed")
+        assert emulator.remembered <= HISTORY
+        # What it stores and records does not depend on the requests it forgot.
+        assert call(url, "GET", f"{DEFAULT}/rolloutpools/mixed")["metadata"]["name"] == "mixed"
+        assert sum(
+            1 for a in emulator.audit if a[1:] == ("get", "cadence.dev", "rolloutpools")
+        ) == (HISTORY + 51)
