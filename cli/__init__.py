@@ -43,6 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     services.add_trainer(sub)
     kube.add_operator(sub)
     kube.add_crds(sub)
+    kube.add_dev(sub)
     services.add_environment(sub)
     bench.add_bench(sub)
     return parser

@@ -120,3 +120,102 @@ def add_crds(sub: Commands) -> None:
     cr.add_argument("--out", type=Path, default=Path("crds"), help="folder (default: crds)")
     cr.add_argument("--check", action="store_true", help="exit 1 if --out differs; write nothing")
     cr.set_defaults(run=_cmd_crds)
+
+
+def _claims(given: list[str]) -> dict[str, Path]:
+    claims = {}
+    for item in given:
+        name, sep, folder = item.partition("=")
+        if not sep or not name or not folder:
+            raise UsageError(f"--claim {item!r} is not NAME=FOLDER")
+        if not Path(folder).is_dir():
+            raise UsageError(f"--claim {name}: {folder} is not a folder")
+        claims[name] = Path(folder).resolve()
+    return claims
+
+
+def _tiny_model(folder: Path) -> Path:
+    """The claim `models` by default: a tiny random-weight Llama, made once."""
+    try:
+        from cadence.worker.tinymodel import make_tiny_llama  # noqa: PLC0415
+    except ImportError:
+        raise UsageError(
+            "the default claim `models` is a tiny Llama made here, which needs the cpu "
+            "extra (pip install 'cadence[cpu]'); or give --claim models=FOLDER"
+        ) from None
+    if not (folder / "config.json").is_file():
+        print(f"making a tiny Llama in {folder} (the claim `models`)")
+        make_tiny_llama(folder)
+    return folder
+
+
+def _cmd_dev_cluster(args: argparse.Namespace) -> int:
+    claims = _claims(args.claim or [])
+    try:
+        from cadence.devcluster import cluster  # noqa: PLC0415
+    except ModuleNotFoundError as e:
+        if (e.name or "").startswith("cadence"):
+            raise
+        raise UsageError(
+            f"cadence dev cluster needs the dev extra ({e.name} is missing): "
+            "pip install 'cadence[dev]'"
+        ) from None
+    from cadence.operator.kube.serve import configure_logging  # noqa: PLC0415
+
+    node = not args.no_node
+    if node and not cluster.node_available():
+        raise UsageError(
+            "the node runs pods in network namespaces, which needs root, iproute2 and "
+            "unshare; give --no-node to run without one (pods then stay Pending)"
+        )
+    if node and "models" not in claims:
+        claims["models"] = _tiny_model(args.workdir.resolve() / "models")
+    configure_logging("full", verbose=args.verbose)
+    dev = cluster.DevCluster(
+        workdir=args.workdir.resolve(),
+        port=args.port,
+        namespaces=args.namespace or ["default"],
+        node=node,
+        claims=claims,
+    )
+    dev.run(say=print)
+    return 0
+
+
+def add_dev(sub: Commands) -> None:
+    """`cadence dev cluster`."""
+    dev = sub.add_parser(
+        "dev",
+        help="tools for developing and trying Cadence",
+        description="Tools for developing and trying Cadence.",
+    )
+    tools = dev.add_subparsers(dest="tool", required=True, metavar="TOOL")
+    cl = tools.add_parser(
+        "cluster",
+        help="a Kubernetes API, a node and the operator on this machine, for kubectl",
+        description="Serve an in-memory Kubernetes API with Cadence's CRDs, a node that runs "
+        "pods as local processes, and the operator, until Ctrl-C. Point kubectl at the "
+        "kubeconfig it writes and apply a pool and a run (docs/dev-cluster.md).",
+    )
+    cl.add_argument(
+        "--workdir",
+        type=Path,
+        default=Path("runs/dev-cluster"),
+        help="the kubeconfig, pods' logs and volumes (default runs/dev-cluster)",
+    )
+    cl.add_argument(
+        "--port", type=at_least(0), default=0, help="the API server's port (default: a free one)"
+    )
+    cl.add_argument("--namespace", action="append", help="watch this namespace (repeatable)")
+    cl.add_argument(
+        "--claim",
+        action="append",
+        metavar="NAME=FOLDER",
+        help="serve the PersistentVolumeClaim NAME from FOLDER (a run's pvc://NAME weights; "
+        "default: models from a tiny Llama made in WORKDIR/models)",
+    )
+    cl.add_argument(
+        "--no-node", action="store_true", help="run no pods (no root needed); they stay Pending"
+    )
+    cl.add_argument("--verbose", action="store_true", help="log the operator at DEBUG")
+    cl.set_defaults(run=_cmd_dev_cluster)

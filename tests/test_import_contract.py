@@ -28,6 +28,7 @@ FOLDERS = {
     "bench": "cadence.bench",
     "cli": "cadence.cli",
     "common": "cadence.common",
+    "devcluster": "cadence.devcluster",
 }
 ENGINES = ("torch", "vllm", "transformers", "safetensors")
 
@@ -77,6 +78,11 @@ RULES = (
             "cadence.trainer",
         ),
         why="the operator never imports the command line or the benches",
+    ),
+    Rule(
+        "cadence.devcluster",
+        ("cadence.operator", "cadence.common"),
+        why="the development cluster runs the operator; the operator never imports it",
     ),
 )
 

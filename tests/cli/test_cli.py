@@ -46,6 +46,8 @@ def test_help_lists_the_subcommands() -> None:
         ["bench", "scheduler", "--pending", "many"],
         ["plan"],
         ["plan", "does-not-exist.json"],
+        ["dev", "cluster", "--claim", "models"],
+        ["dev", "cluster", "--claim", "models=/does/not/exist"],
     ],
 )
 def test_bad_input_is_one_sentence_and_exit_2(

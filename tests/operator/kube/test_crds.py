@@ -18,11 +18,10 @@ import yaml
 from pydantic import ValidationError
 
 from cadence.cli import main
+from cadence.devcluster.openapi import cel_broken, rules, to_json_schema, transition
 from cadence.operator.api.resources import RolloutGroup, RolloutPool, TrainingRun, groups_of, load
 from cadence.operator.kube import crds
 from tests.helpers import ROOT
-
-from .openapi import cel_broken, rules, to_json_schema, transition
 
 EXAMPLE = ROOT / "manifests" / "examples" / "trainingrun.yaml"
 MODELS: dict[str, type[Any]] = {

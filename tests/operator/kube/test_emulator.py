@@ -1,5 +1,5 @@
-"""The test Kubernetes emulator (k8s_emulator.py) serves what the operator's tests rely on:
-CRDs that register their kinds, objects with server-set metadata, `kubectl` with the
+"""The Kubernetes emulator (cadence.devcluster.emulator) serves what the operator's tests
+rely on: CRDs that register their kinds, objects with server-set metadata, `kubectl` with the
 CRDs' printer columns, /scale through the CRD's scale paths, and a kopf operator."""
 
 from __future__ import annotations
@@ -18,10 +18,16 @@ import kopf
 import pytest
 import yaml
 
+from cadence.devcluster.emulator import (
+    HISTORY,
+    ApiError,
+    KubernetesEmulator,
+    call,
+    serve,
+    write_kubeconfig,
+)
 from cadence.operator.api.resources import IMAGE
 from tests.helpers import ROOT, TRAINING_RUN, eventually, example
-
-from .k8s_emulator import HISTORY, ApiError, KubernetesEmulator, call, serve, write_kubeconfig
 
 CRD_FILES = sorted((ROOT / "crds").glob("*.cadence.dev.yaml"))
 EXAMPLE = TRAINING_RUN

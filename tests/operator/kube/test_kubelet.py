@@ -19,13 +19,13 @@ import httpx
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
+from cadence.devcluster.emulator import KubernetesEmulator, call, write_kubeconfig
+from cadence.devcluster.kubelet import Kubelet, available
 from cadence.operator.kube import children
 from cadence.operator.kube.client import Kube
 from cadence.operator.kube.handlers import Reconciler
 from tests.helpers import documents, eventually
 
-from .k8s_emulator import KubernetesEmulator, call, write_kubeconfig
-from .kubelet import Kubelet, available
 from .test_operator import (
     EXAMPLE,
     NS,

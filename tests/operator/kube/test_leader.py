@@ -11,13 +11,13 @@ import threading
 
 import pytest
 
+from cadence.devcluster.emulator import KubernetesEmulator, call
 from cadence.operator.kube.client import Kube
 from cadence.operator.kube.handlers import Reconciler
 from cadence.operator.kube.leader import LeaderElector
 from cadence.operator.kube.serve import Health, operate
 from tests.helpers import eventually, example
 
-from .k8s_emulator import KubernetesEmulator, call
 from .test_operator import NS, OPERATOR_S, RBAC, TIMER_S, _granted, emulator
 
 pytestmark = pytest.mark.timeout(120)

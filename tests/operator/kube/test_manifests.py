@@ -21,6 +21,7 @@ import yaml
 from pydantic import BaseModel
 
 from cadence.cli import build_parser
+from cadence.devcluster.openapi import to_json_schema
 from cadence.operator.api.resources import (
     IMAGE,
     RolloutPool,
@@ -30,8 +31,6 @@ from cadence.operator.api.resources import (
 )
 from cadence.operator.kube import crds
 from tests.helpers import ROOT
-
-from .openapi import to_json_schema
 
 MANIFESTS = ROOT / "manifests"
 SCHEMAS = {

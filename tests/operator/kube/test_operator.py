@@ -22,12 +22,11 @@ import kopf
 import pytest
 import yaml
 
+from cadence.devcluster.emulator import ApiError, KubernetesEmulator, call, serve, write_kubeconfig
 from cadence.operator.kube.client import Kube
 from cadence.operator.kube.handlers import Reconciler
 from cadence.operator.kube.serve import operator_registry
 from tests.helpers import ROOT, TRAINING_RUN, eventually, example
-
-from .k8s_emulator import ApiError, KubernetesEmulator, call, serve, write_kubeconfig
 
 EXAMPLE = TRAINING_RUN
 CRDS = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"

@@ -1,9 +1,10 @@
-"""Test code: an in-memory Kubernetes API server for the operator's tests, not product code.
+"""An in-memory Kubernetes API server: what the operator's tests and `cadence dev cluster`
+run the operator against where no cluster is at hand.
 
-No kube-apiserver can run on the test machines (see ../shared/notes/kubernetes-emulator.md),
-so the tests talk to `kmock.KubernetesEmulator`, a stateful in-memory Kubernetes API over
-aiohttp. kmock 0.8 falls short of what kopf and `kubectl` (v1.32) need, and the subclass
-below closes those gaps:
+No kube-apiserver runs without etcd and a container runtime on a developer's machine, so
+this is `kmock.KubernetesEmulator`, a stateful in-memory Kubernetes API over aiohttp.
+kmock 0.8 falls short of what kopf and `kubectl` (v1.32) need, and the subclass below
+closes those gaps:
 
 - `/api/v1/namespaces` and `/api/v1/namespaces/NAME` are parsed as Namespace requests
   (kmock reads `namespaces` as the namespace prefix of a resource path); the emulator
@@ -643,8 +644,9 @@ def _age(timestamp: str) -> str:
 
 
 @contextlib.contextmanager
-def serve(emulator: KubernetesEmulator | None = None) -> Iterator[str]:
-    """Serve the emulator on a free port of 127.0.0.1 from a thread with its own event loop.
+def serve(emulator: KubernetesEmulator | None = None, port: int = 0) -> Iterator[str]:
+    """Serve the emulator on `port` (0: a free one) of 127.0.0.1 from a thread with its own
+    event loop.
 
     Yields the base URL (`http://127.0.0.1:PORT`). An emulator can be served only once.
     Change its state through the API; reading `emulator.objects` from the test's thread
@@ -661,10 +663,10 @@ def serve(emulator: KubernetesEmulator | None = None) -> Iterator[str]:
             runner = aiohttp.web.ServerRunner(server, shutdown_timeout=0.5)
             await runner.setup()
             try:
-                site = aiohttp.web.TCPSite(runner, "127.0.0.1", 0)
+                site = aiohttp.web.TCPSite(runner, "127.0.0.1", port)
                 await site.start()
-                host, port = runner.addresses[0][:2]
-                url.set_result(f"http://{host}:{port}")
+                host, bound = runner.addresses[0][:2]
+                url.set_result(f"http://{host}:{bound}")
                 await stop.wait()
             finally:
                 await runner.cleanup()

@@ -1,9 +1,10 @@
-"""Test code: a kubelet stand-in for the emulator's one node, not product code.
+"""A kubelet stand-in for the emulator's one node.
 
-The operator's end-to-end tests must run the pods it writes, so that a wrong command,
-port, environment variable, volume, probe or grace period fails a test. No container
-runtime runs here, so the stand-in runs each pod's first container as a local process,
-as close to a kubelet as Linux namespaces allow (it needs root, as a kubelet does):
+The operator's end-to-end tests (and `cadence dev cluster`) must run the pods it writes,
+so that a wrong command, port, environment variable, volume, probe or grace period fails
+a test. No container runtime runs here, so the stand-in runs each pod's first container
+as a local process, as close to a kubelet as Linux namespaces allow
+(it needs root, as a kubelet does):
 
 - network: each pod has its own network namespace and IP on a bridge, so it listens on
   its containerPorts as written, and the host (the operator) reaches it at
@@ -23,7 +24,8 @@ as close to a kubelet as Linux namespaces allow (it needs root, as a kubelet doe
 - lifecycle: a process that exits is started again (restartPolicy Always) after a
   back-off, counted in `restartCount` with its exit code; a pod deleted gets SIGTERM,
   and SIGKILL after its `terminationGracePeriodSeconds`;
-- StatefulSets: pods `NAME-i` from the template, with claims from its templates.
+- StatefulSets: pods `NAME-i` from the template, with claims from its templates; pods
+  beyond `replicas` deleted (a finished run's trainer scaled to 0).
 
 What it does not do: resource limits, security contexts (the processes run as root),
 image pulls, startup probes, node selection. The operator runs outside the pod network,
@@ -54,7 +56,7 @@ import httpx
 
 from cadence.operator.local.processes import CADENCE
 
-from .k8s_emulator import ApiError, call
+from .emulator import ApiError, call
 
 _instances = itertools.count()
 PROBE_EVERY_S = 1.0  # the shortest probe period here
@@ -96,6 +98,7 @@ class Kubelet(threading.Thread):
         self.bridge = f"{self.tag}br"
         self.hosts = workdir / "hosts"
         self.pods: dict[str, Container] = {}  # by uid
+        self.terminating: dict[str, Container] = {}  # deleted, in their grace period
         self.free_ips = [f"{self.subnet}.{i}" for i in range(2, 250)]
         self.stop = threading.Event()
         self.errors: list[BaseException] = []
@@ -119,8 +122,8 @@ class Kubelet(threading.Thread):
     def __exit__(self, *_: object) -> None:
         self.stop.set()
         self.join(timeout=60)
-        for c in list(self.pods.values()):
-            self._kill(c)
+        for c in [*self.pods.values(), *self.terminating.values()]:
+            self._kill(c)  # the node goes: pods in their grace period too
         with contextlib.suppress(subprocess.CalledProcessError):
             _sh(f"ip link del {self.bridge}")
         for path in sorted(self.mountpoints, key=lambda p: -len(p.parts)):
@@ -187,10 +190,24 @@ class Kubelet(threading.Thread):
         return items
 
     def _statefulsets(self) -> None:
-        """kube-controller-manager's StatefulSet controller, for `replicas` pods."""
+        """kube-controller-manager's StatefulSet controller, for `replicas` pods: the
+        missing made, those beyond `replicas` deleted."""
+        pods = self._list("/api/v1/pods")
         for sts in self._list("/apis/apps/v1/statefulsets"):
             meta, spec = sts["metadata"], sts["spec"]
             ns = meta["namespace"]
+            for pod in pods:
+                owners = pod["metadata"].get("ownerReferences") or []
+                index = pod["metadata"]["name"].rpartition("-")[2]
+                if any(o.get("uid") == meta["uid"] for o in owners) and (
+                    index.isdigit() and int(index) >= spec.get("replicas", 1)
+                ):
+                    with contextlib.suppress(ApiError):
+                        call(
+                            self.url,
+                            "DELETE",
+                            f"/api/v1/namespaces/{ns}/pods/{pod['metadata']['name']}",
+                        )
             for i in range(spec.get("replicas", 1)):
                 name = f"{meta['name']}-{i}"
                 with contextlib.suppress(ApiError):
@@ -448,6 +465,7 @@ class Kubelet(threading.Thread):
         """SIGTERM, then SIGKILL after the grace period, in the background; the pod's
         IP and namespace go once its process has."""
         del self.pods[c.uid]
+        self.terminating[c.uid] = c
         proc = c.proc
 
         def finish() -> None:
@@ -462,6 +480,7 @@ class Kubelet(threading.Thread):
                     proc.wait()
             self.ended[c.name] = (how, None if proc is None else proc.returncode)
             self._teardown(c)
+            self.terminating.pop(c.uid, None)
 
         threading.Thread(target=finish, daemon=True).start()
 
