@@ -179,6 +179,8 @@ class Reconciler:
     post: Post = field(init=False)  # Events about its objects
     # The runs whose control loop is running now (waiting for its pool or trainer too).
     controlling: set[tuple[str, str]] = field(default_factory=set)
+    # Why a run's control loop could not start, as last logged (logged again on a change).
+    waiting: dict[tuple[str, str], str] = field(default_factory=dict)
     # Whose calls the workers' NetworkPolicy admits: the operator's pods (this namespace)
     # and Prometheus (that one).
     operator_namespace: str = "cadence-system"
@@ -642,8 +644,12 @@ class Reconciler:
         try:
             token = await self._token(ns, pool.spec.token_secret)
         except Invalid as e:
-            log.warning("run %s/%s waits: %s", ns, run.metadata.name, e)
+            # Said once per reason: the supervisor tries again every few seconds.
+            if self.waiting.get((ns, name)) != str(e):
+                self.waiting[(ns, name)] = str(e)
+                log.warning("run %s/%s waits: %s", ns, name, e)
             return  # the run's status says why; the supervisor starts the loop again
+        self.waiting.pop((ns, name), None)
         if token is None:
             return  # the pool's handler makes it; the supervisor starts the loop again
         client = TrainerClient(

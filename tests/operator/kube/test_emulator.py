@@ -61,14 +61,22 @@ def cluster(url: str) -> str:
 
 
 @pytest.fixture
-def kubectl(cluster: str, tmp_path: Path) -> Callable[..., str]:
+def kubectl_result(cluster: str, tmp_path: Path) -> Callable[..., subprocess.CompletedProcess[str]]:
     config = write_kubeconfig(tmp_path / "kubeconfig", cluster)
     base = ["kubectl", "--kubeconfig", str(config), "--cache-dir", str(tmp_path / "cache")]
 
-    def run(*args: str) -> str:
-        done = subprocess.run(
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
             [*base, *args], capture_output=True, text=True, timeout=20, cwd=ROOT, check=False
         )
+
+    return run
+
+
+@pytest.fixture
+def kubectl(kubectl_result: Callable[..., subprocess.CompletedProcess[str]]) -> Callable[..., str]:
+    def run(*args: str) -> str:
+        done = kubectl_result(*args)
         assert done.returncode == 0, done.stderr
         return done.stdout
 
@@ -482,3 +490,14 @@ def test_a_long_session_keeps_a_bounded_request_history_and_still_serves() -> No
         assert sum(
             1 for a in emulator.audit if a[1:] == ("get", "cadence.dev", "rolloutpools")
         ) == (HISTORY + 51)
+
+
+@pytest.mark.kubectl
+def test_kubectl_create_of_a_built_in_kind_is_refused_saying_what_to_do(
+    kubectl_result: Callable[..., subprocess.CompletedProcess[str]],
+) -> None:
+    """kubectl sends built-in kinds as protobuf, which kmock cannot read: a 500 with an
+    AttributeError, before."""
+    done = kubectl_result("create", "secret", "generic", "s", "--from-literal=k=v")
+    assert done.returncode != 0
+    assert "reads JSON only" in done.stderr and "kubectl apply --validate=false" in done.stderr

@@ -5,6 +5,7 @@ back from the API after each step, as `kubectl get` would show it."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ import pytest
 from cadence.operator.api.resources import API_VERSION
 from cadence.operator.kube.client import KubeError, path
 from cadence.operator.kube.handlers import Events, Handling, Invalid, Reconciler, Status
+from cadence.operator.kube.supervisor import Stopped
 from cadence.trainer.app import create_app as trainer_app
 from cadence.trainer.config import TrainerConfig
 from cadence.trainer.trainer import Trainer
@@ -349,6 +351,25 @@ def test_a_token_secret_without_its_key_is_said_in_one_sentence() -> None:
         Invalid, match="Secret cadence-token holds no bearer token under the key 'token'"
     ):
         asyncio.run(reconciler.run(run, events))
+
+
+def test_a_run_waiting_on_a_bad_secret_logs_why_once_not_at_every_retry(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The supervisor retries a run's loop every few seconds: one bad Secret filled the
+    operator's log with the same lines."""
+    kube, reconciler, _ = _bound()
+    kube.objects[path("v1", "secrets", "default", "cadence-token")]["data"] = {"x": "eA=="}
+    run = kube.objects[path(API_VERSION, "trainingruns", "default", "digits")]
+
+    async def retries() -> None:
+        for _ in range(3):
+            await reconciler.control(run, Stopped())
+
+    with caplog.at_level(logging.WARNING, logger="cadence.operator"):
+        asyncio.run(retries())
+    said = [r for r in caplog.records if "holds no bearer token" in r.getMessage()]
+    assert len(said) == 1 and said[0].exc_info is None  # one line, no traceback
 
 
 def test_lowering_max_replicas_below_a_groups_count_brings_the_count_within_it() -> None:
