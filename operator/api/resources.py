@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal, Self
 
@@ -1011,6 +1012,16 @@ class RolloutGroup(_Spec):
     metadata: Metadata
     spec: RolloutGroupSpec
     status: RolloutGroupStatus | None = None
+
+
+def as_written(body: Mapping[str, Any]) -> dict[str, Any]:
+    """A resource as its author wrote it, from the API server's object: kind, name,
+    namespace, labels and spec (no status, no server-set metadata), for the models."""
+    obj = {k: body[k] for k in ("apiVersion", "kind", "metadata", "spec") if k in body}
+    obj["metadata"] = {
+        k: v for k, v in body["metadata"].items() if k in ("name", "namespace", "labels")
+    }
+    return obj
 
 
 def groups_of(pool: RolloutPool) -> list[RolloutGroup]:

@@ -47,6 +47,7 @@ from cadence.operator.api.resources import (
     RolloutGroup,
     RolloutPool,
     TrainingRun,
+    as_written,
     check_pair,
 )
 from cadence.operator.api.settings import budgets_of, knobs_of
@@ -114,10 +115,7 @@ class Invalid(Exception):
 
 
 def validated(model: type[BaseModel], body: Mapping[str, Any]) -> Any:
-    obj = {k: body[k] for k in ("apiVersion", "kind", "metadata", "spec") if k in body}
-    obj["metadata"] = {
-        k: v for k, v in body["metadata"].items() if k in ("name", "namespace", "labels")
-    }
+    obj = as_written(body)
     try:
         return model.model_validate(obj)
     except ValidationError as e:

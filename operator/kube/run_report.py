@@ -15,9 +15,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+from pydantic import ValidationError
 
 from cadence.operator.api.capacity import group_capacities, hourly_price
-from cadence.operator.api.resources import API_VERSION, RolloutPool, TrainingRun
+from cadence.operator.api.resources import API_VERSION, RolloutPool, TrainingRun, as_written
 from cadence.operator.control.group_stats import GroupShape, group_stats
 from cadence.operator.control.loop import ControlLoop
 from cadence.operator.kube import children
@@ -65,12 +66,27 @@ class RunReporter:
     def __post_init__(self) -> None:
         self.series = RunSeries(pool=self.pool.metadata.name, loop=self.loop)
         self.phase = (self.body.get("status") or {}).get("phase")
-        capacities = group_capacities(self.pool, self.run)
+        self._shape(self.pool)
+
+    def _shape(self, pool: RolloutPool) -> None:
+        capacities = group_capacities(pool, self.run)
         self.shapes = {
-            f"{self.pool.metadata.name}-{g.name}": (g.affinity, capacities[g.name])
-            for g in self.pool.spec.groups
+            f"{pool.metadata.name}-{g.name}": (g.affinity, capacities[g.name])
+            for g in pool.spec.groups
         }
-        self.prices = {g.name: hourly_price(g) for g in self.pool.spec.groups}
+        self.prices = {g.name: hourly_price(g) for g in pool.spec.groups}
+        self.pool = pool
+
+    def _follow(self, pool_obj: Mapping[str, Any]) -> None:
+        """The groups reported and priced follow the pool's spec: one added mid-run is
+        reported from its first workers on, one removed stops being reported. A spec the
+        pool's handler refuses leaves them as they were (that handler says why)."""
+        try:
+            pool = RolloutPool.model_validate(as_written(pool_obj))
+            if pool.spec.groups != self.pool.spec.groups:
+                self._shape(pool)
+        except (ValidationError, ValueError, KeyError) as e:
+            log.debug("run %s keeps its pool's groups: %s", self.run.metadata.name, e)
 
     async def done(self) -> bool:
         if time.monotonic() - self.patched < self.status_every_s:
@@ -91,8 +107,8 @@ class RunReporter:
             log.info("run %s/%s: its pool is gone; its loop ends", ns, self.run.metadata.name)
             return True
         self._members(pods)
-        groups = (pool or {}).get("spec", {}).get("groups") or []
-        await self._groups(pods, {f"{self.pool.metadata.name}-{g.get('name')}" for g in groups})
+        self._follow(pool or {})
+        await self._groups(pods)
         self._events()
         try:
             stats = await self.trainer.stats()
@@ -157,9 +173,9 @@ class RunReporter:
             log.info("workers %s join the loop", ", ".join(sorted(joined)))
             self.loop.add_workers(joined)
 
-    async def _groups(self, pods: list[dict[str, Any]], current: set[str]) -> None:
+    async def _groups(self, pods: list[dict[str, Any]]) -> None:
         """Each RolloutGroup's share of the last cycle, into its status and the metrics;
-        only the groups the pool still has (a removed group's series go)."""
+        only the groups the pool has now (a removed group's series go)."""
         if self.loop.last_plan is None:
             return
         snapshot, actions = self.loop.last_plan
@@ -170,8 +186,6 @@ class RunReporter:
         }
         shapes = []
         for name, (affinity, capacity) in self.shapes.items():
-            if name not in current:
-                continue
             # A live worker's own capacity, else the catalog's (a group scaled to zero).
             live = [w.capacity for w in snapshot.workers if group_of.get(w.id) == name]
             shapes.append(GroupShape(name, affinity, max(live, default=capacity)))

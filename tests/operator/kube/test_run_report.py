@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 from cadence.operator.api.resources import API_VERSION, load
@@ -70,19 +71,53 @@ def test_pods_join_when_ready_join_afresh_when_recreated_and_leave_when_gone() -
     asyncio.run(go())
 
 
-def test_a_group_removed_from_the_pool_mid_run_stops_being_reported() -> None:
+def _pool_body(groups: list[dict[str, Any]]) -> dict[str, Any]:
+    pool, _ = load(TRAINING_RUN)
+    body = pool.model_dump(mode="json", by_alias=True, exclude_none=True)
+    body["metadata"]["uid"] = "server-set"  # what the API server adds is ignored
+    body["spec"]["groups"] = groups
+    return body
+
+
+def _reported_after(change: Callable[[list[dict[str, Any]]], list[dict[str, Any]]]) -> set[str]:
+    """The groups reported once the pool's groups are changed mid-run by `change`."""
     trainer = TrainerClient("http://127.0.0.1:9", "t")  # never called here
     kube = MemoryKube()
-    for group in ("mixed-h800", "mixed-a910x"):
+    for group in ("mixed-h800", "mixed-a910x", "mixed-l40s"):
         kube.put({"apiVersion": API_VERSION, "kind": "RolloutGroup", "metadata": {"name": group}})
 
     async def go() -> set[str]:
         reporter = _reporter(kube, trainer)
         loop = reporter.loop
         loop.last_plan = (make_snapshot([]), ())
-        await reporter._groups([], {"mixed-h800"})  # a910x was removed from the pool
+        written = reporter.pool.model_dump(mode="json", by_alias=True, exclude_none=True)
+        groups = change(written["spec"]["groups"])
+        reporter._follow(_pool_body(groups))
+        await reporter._groups([])
         await loop.aclose()
         await trainer.aclose()
         return set(reporter.series.groups)
 
-    assert asyncio.run(go()) == {"mixed-h800"}
+    return asyncio.run(go())
+
+
+def test_a_group_removed_from_the_pool_mid_run_stops_being_reported() -> None:
+    assert _reported_after(lambda groups: groups[:1]) == {"mixed-h800"}
+
+
+def test_a_group_added_to_the_pool_mid_run_is_reported() -> None:
+    """The run's group figures were built once, when its loop started: a group added
+    later had no status figures and no metrics until the operator restarted."""
+    added = {"name": "l40s", "accelerator": "L40S", "affinity": 1, "replicas": 1}
+    assert _reported_after(lambda groups: [*groups, added]) == {
+        "mixed-h800",
+        "mixed-a910x",
+        "mixed-l40s",
+    }
+
+
+def test_a_pool_spec_the_models_refuse_leaves_the_reported_groups_as_they_were() -> None:
+    assert _reported_after(lambda groups: [{**groups[0], "replicas": -3}]) == {
+        "mixed-h800",
+        "mixed-a910x",
+    }
