@@ -59,13 +59,15 @@ def rules(
     node: dict[str, Any], path: tuple[str, ...] = ()
 ) -> Iterator[tuple[tuple[str, ...], dict[str, str]]]:
     """(path, rule) for every x-kubernetes-validations entry; `[]` in a path is every
-    item of a list."""
+    item of a list, `{}` every value of a map."""
     for rule in node.get("x-kubernetes-validations", []):
         yield path, rule
     for name, sub in node.get("properties", {}).items():
         yield from rules(sub, (*path, name))
     if isinstance(node.get("items"), dict):
         yield from rules(node["items"], (*path, "[]"))
+    if isinstance(node.get("additionalProperties"), dict):
+        yield from rules(node["additionalProperties"], (*path, "{}"))
 
 
 def at(obj: Any, path: tuple[str, ...]) -> list[Any]:
@@ -74,6 +76,8 @@ def at(obj: Any, path: tuple[str, ...]) -> list[Any]:
     for part in path:
         if part == "[]":
             found = [item for o in found for item in o]
+        elif part == "{}":
+            found = [value for o in found if isinstance(o, dict) for value in o.values()]
         else:
             found = [o[part] for o in found if isinstance(o, dict) and part in o]
     return found
@@ -138,6 +142,7 @@ def cel_broken(
             # x-kubernetes-list-type map (none with rules here): the API server refuses
             # a transition rule there.
             assert "[]" not in path, f"transition rule at {path} is inside a list"
+            assert "{}" not in path, f"transition rule at {path} is inside a map"
             pairs = [] if stored is None else zip(at(obj, path), at(stored, path), strict=False)
             activations = [{"self": json_to_cel(n), "oldSelf": json_to_cel(o)} for n, o in pairs]
         else:
@@ -146,7 +151,8 @@ def cel_broken(
             verdict = program.evaluate(activation)
             assert isinstance(verdict, celpy.celtypes.BoolType), (rule, verdict)
             if not verdict:
-                broken.append((".".join(path).replace(".[]", "[*]"), rule["message"]))
+                where = ".".join(path).replace(".[]", "[*]").replace(".{}", "[*]")
+                broken.append((where, rule["message"]))
     return broken
 
 

@@ -193,7 +193,7 @@ BAD = [
     # A device count as Kubernetes reads quantities: "one" is not one.
     ("RolloutPool", ("spec", "groups", 0, "resources", "nvidia.com/gpu"), "one", None),
     # Nor may a request be negative. (An integer -1 the schema cannot refuse: an
-    # int-or-string carries no minimum. The model refuses it, as a status condition.)
+    # int-or-string carries no minimum. A CEL rule does: RULE_CASES.)
     ("RolloutPool", ("spec", "groups", 0, "resources", "nvidia.com/gpu"), "-1", None),
     ("TrainingRun", ("spec", "trainer", "resources", "memory"), "16 GB", None),
     ("RolloutPool", ("spec", "groups", 0, "nodeSelector", "zone"), "bad value!", None),
@@ -265,6 +265,9 @@ RULE_CASES = [
         ["give model.uri (a claim to mount) or model.path, not both"],
     ),
     ("TrainingRun", {"model.uri": "pvc://weights/q"}, []),
+    ("RolloutPool", {"groups.0.resources": {"nvidia.com/gpu": -1}}, ["a quantity is at least 0"]),
+    ("RolloutPool", {"groups.0.resources": {"nvidia.com/gpu": 2, "memory": "8Gi"}}, []),
+    ("TrainingRun", {"trainer.resources": {"nvidia.com/gpu": -2}}, ["a quantity is at least 0"]),
 ]
 
 

@@ -392,6 +392,8 @@ BAD_POOLS = [
     ({"groups.0.replicas": -1}, "spec.groups[0].replicas"),
     ({"groups.0.accelerator": "TPU-v9"}, "spec.groups[*]"),  # a CEL rule on each group
     ({"groups.0.engine": {"maxModelLen": "long"}}, "spec.groups[0].engine.maxModelLen"),
+    # An integer below 0 where a quantity goes: the schema cannot say it, a rule does.
+    ({"groups.0.resources": {"nvidia.com/gpu": -1}}, "a quantity is at least 0"),
 ]
 
 
