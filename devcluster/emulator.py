@@ -24,6 +24,10 @@ closes those gaps:
   filter on a list by one field), which a real API server does and kmock does not.
 - deleting an object deletes its dependents (ownerReferences), as the cluster's garbage
   collector does with background propagation; kmock has no collector.
+- a pod bound to a node (`spec.nodeName`, which the kubelet stand-in sets) is deleted
+  gracefully: it is marked Terminating and stays listed until its kubelet has ended its
+  process and deletes it with a grace of 0. kmock removed it at once, so an operator
+  took a draining worker for gone while its process still held work.
 - every request is recorded (`audit`: user agent, RBAC verb, group, resource), so a test
   can check the operator's ClusterRole allows what the operator does.
 - kmock keeps every request it served and, to route the next one, filters that whole
@@ -168,6 +172,10 @@ class KubernetesEmulator(kmock.KubernetesEmulator):
         refused = self._admit(request)
         if refused is not None:
             return refused
+        if request.action == kmock.action.DELETE:
+            held = await self._terminate_gracefully(request)
+            if held is not None:
+                return held
         if request.action == kmock.action.CREATE and isinstance(request.data, dict):
             self._stamp(request.data, namespace=request.namespace)
             if request.resource == CRDS:
@@ -259,6 +267,32 @@ class KubernetesEmulator(kmock.KubernetesEmulator):
             _amend(request, data=_merge_diff(old, new))
         return None
 
+    async def _terminate_gracefully(
+        self, request: kmock.Request
+    ) -> aiohttp.web.StreamResponse | None:
+        """kube-apiserver's graceful deletion: a pod bound to a node (`spec.nodeName`)
+        is only marked (`deletionTimestamp`, `deletionGracePeriodSeconds`) and stays,
+        Terminating, until its kubelet has ended its process and deletes it with a grace
+        of 0. Its name stays taken meanwhile, and whoever lists pods still sees it."""
+        resource = request.resource
+        name = request.name
+        if resource is None or resource.group != "" or resource.plural != "pods" or not name:
+            return None
+        try:
+            obj = self.objects[resource, request.namespace, name]
+        except (KeyError, ValueError):
+            return None
+        pod = obj.raw
+        grace = _grace_s(request, pod)
+        if not pod.get("spec", {}).get("nodeName") or grace == 0:
+            return None
+        if not pod["metadata"].get("deletionTimestamp"):
+            obj.patch(
+                {"metadata": {"deletionTimestamp": _now(), "deletionGracePeriodSeconds": grace}}
+            )
+            await self._buses[resource].put({"type": "MODIFIED", "object": obj.raw})
+        return aiohttp.web.json_response(obj.raw)
+
     async def _collect_garbage(self) -> None:
         """kube-controller-manager's garbage collector, background propagation: an object
         all of whose owners (by uid) are gone is deleted in turn, its finalizers honoured
@@ -279,6 +313,11 @@ class KubernetesEmulator(kmock.KubernetesEmulator):
                 for (resource, _, _), obj in orphans:
                     if obj.get("metadata", {}).get("finalizers"):
                         obj.patch({"metadata": {"deletionTimestamp": _now()}})
+                        event = {"type": "MODIFIED", "object": obj.raw}
+                    elif resource.plural == "pods" and obj.get("spec", {}).get("nodeName"):
+                        grace = obj.get("spec", {}).get("terminationGracePeriodSeconds", 30)
+                        stamp = {"deletionTimestamp": _now(), "deletionGracePeriodSeconds": grace}
+                        obj.patch({"metadata": stamp})
                         event = {"type": "MODIFIED", "object": obj.raw}
                     else:
                         obj.delete()
@@ -557,6 +596,17 @@ class KubernetesEmulator(kmock.KubernetesEmulator):
             level = level.setdefault(key, {})
         level[leaf] = replicas
         return patch
+
+
+def _grace_s(request: kmock.Request, pod: dict[str, Any]) -> int:
+    """The grace a DELETE asks for (`?gracePeriodSeconds=`, or DeleteOptions in its
+    body), else the pod's own `terminationGracePeriodSeconds` (30 by default)."""
+    asked = request.params.get("gracePeriodSeconds")
+    if asked is None and isinstance(request.data, dict):
+        asked = request.data.get("gracePeriodSeconds")
+    if asked is None:
+        asked = pod.get("spec", {}).get("terminationGracePeriodSeconds", 30)
+    return int(asked)
 
 
 def _failure(

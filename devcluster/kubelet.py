@@ -22,8 +22,10 @@ as a local process, as close to a kubelet as Linux namespaces allow
   after its initial delay; Ready follows readiness; liveness failing its threshold
   restarts the process;
 - lifecycle: a process that exits is started again (restartPolicy Always) after a
-  back-off, counted in `restartCount` with its exit code; a pod deleted gets SIGTERM,
-  and SIGKILL after its `terminationGracePeriodSeconds`;
+  back-off, counted in `restartCount` with its exit code; a pod admitted is bound to
+  the node (`spec.nodeName`), so deleting it marks it Terminating; it then gets
+  SIGTERM, SIGKILL after its `terminationGracePeriodSeconds`, and once its process
+  has ended its object is deleted for good;
 - StatefulSets: pods `NAME-i` from the template, with claims from its templates; pods
   beyond `replicas` deleted (a finished run's trainer scaled to 0).
 
@@ -96,6 +98,7 @@ class Kubelet(threading.Thread):
         self.tag = f"ck{n}"
         self.subnet = f"10.{200 + n % 50}.{n % 250}"
         self.bridge = f"{self.tag}br"
+        self.node_name = f"node-{self.tag}"
         self.hosts = workdir / "hosts"
         self.pods: dict[str, Container] = {}  # by uid
         self.terminating: dict[str, Container] = {}  # deleted, in their grace period
@@ -124,6 +127,8 @@ class Kubelet(threading.Thread):
         self.join(timeout=60)
         for c in [*self.pods.values(), *self.terminating.values()]:
             self._kill(c)  # the node goes: pods in their grace period too
+        for c in list(self.terminating.values()):
+            self._release(c)
         with contextlib.suppress(subprocess.CalledProcessError):
             _sh(f"ip link del {self.bridge}")
         for path in sorted(self.mountpoints, key=lambda p: -len(p.parts)):
@@ -264,6 +269,14 @@ class Kubelet(threading.Thread):
 
     def _admit(self, pod: dict[str, Any]) -> None:
         meta = pod["metadata"]
+        # Bound to this node, as the scheduler would: a delete is graceful from now on.
+        with contextlib.suppress(ApiError):
+            call(
+                self.url,
+                "PATCH",
+                f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}",
+                {"spec": {"nodeName": self.node_name}},
+            )
         index = len(self.free_ips)
         ip = self.free_ips.pop(0)
         netns, veth = f"{self.tag}p{index}", f"{self.tag}v{index}"
@@ -480,9 +493,18 @@ class Kubelet(threading.Thread):
                     proc.wait()
             self.ended[c.name] = (how, None if proc is None else proc.returncode)
             self._teardown(c)
+            self._release(c)
             self.terminating.pop(c.uid, None)
 
         threading.Thread(target=finish, daemon=True).start()
+
+    def _release(self, c: Container) -> None:
+        """The pod's process has ended: delete its object for good (grace 0), as a
+        kubelet does, so its name is free for a replacement."""
+        pod = f"/api/v1/namespaces/{c.namespace}/pods/{c.name}"
+        with contextlib.suppress(ApiError, OSError):
+            if call(self.url, "GET", pod)["metadata"]["uid"] == c.uid:
+                call(self.url, "DELETE", f"{pod}?gracePeriodSeconds=0")
 
     def _kill(self, c: Container) -> None:
         self.pods.pop(c.uid, None)

@@ -724,11 +724,12 @@ class ControlLoop:
             lambda host, items: self._hosts[host].place(items, self.config.action_timeout_s),
         )
         errors, back = 0, []
-        for r, result in zip(requests, results, strict=True):
+        failed: dict[tuple[str, str], list[str]] = {}
+        for a, r, result in zip(places, requests, results, strict=True):
             if not isinstance(result, BaseException):
                 continue
             errors += 1
-            log.warning("placing %s failed: %r", r.id, result)
+            failed.setdefault((a.worker, repr(result)), []).append(r.id)
             if r.fresh is not None:
                 invalid = getattr(result, "status", None) == 422  # never startable anywhere
                 await self.trainer.requeue(r.id, "sample" if invalid else "worker")
@@ -736,6 +737,9 @@ class ControlLoop:
                 back.append(
                     Record(id=r.id, attempt=r.attempt, state="parked", worker=r.source.worker_id)
                 )
+        for (worker, why), ids in failed.items():  # one line per worker and cause
+            shown = ", ".join(ids[:3]) + (f" and {len(ids) - 3} more" if len(ids) > 3 else "")
+            log.warning("placing %s on %s failed: %s", shown, worker, why)
         await self.trainer.record_many(back)
         return errors + len(unknown)
 

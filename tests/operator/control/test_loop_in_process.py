@@ -209,7 +209,11 @@ def test_a_worker_lost_for_good_is_asked_again_less_and_less_often(pool: LocalPo
     asyncio.run(go())
 
 
-def test_a_placement_the_worker_refuses_goes_back_and_is_placed_later(pool: LocalPool) -> None:
+def test_a_placement_the_worker_refuses_goes_back_and_is_placed_later(
+    pool: LocalPool, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Refused placements go back, and the log says so once per worker and cause, not
+    once per trajectory (a draining worker refused 40 in one cycle)."""
     pool.add_worker("w0")
 
     async def go() -> None:
@@ -217,7 +221,10 @@ def test_a_placement_the_worker_refuses_goes_back_and_is_placed_later(pool: Loca
         await loop.cycle()  # admits
         pool.router.full.add("w0")
         report = await loop.cycle()
-        assert report.actions["place"] > 0 and report.errors == report.actions["place"]
+        assert report.actions["place"] > 3 and report.errors == report.actions["place"]
+        said = [r.getMessage() for r in caplog.records if "placing" in r.getMessage()]
+        assert len(said) == 1 and " on w0 failed: " in said[0]
+        assert f"and {report.actions['place'] - 3} more" in said[0]
         ledger = pool.trainer.ledger
         assert ledger.counts().get("placed", 0) == 0  # every refused sample went back
         assert {s.state for s in ledger.samples()} == {"fresh"}

@@ -380,6 +380,43 @@ def test_deleting_an_owner_deletes_its_dependents(url: str) -> None:
     assert [m["metadata"]["name"] for m in call(url, "GET", maps)["items"]] == ["bystander"]
 
 
+def test_a_pod_on_a_node_stays_terminating_until_deleted_with_no_grace(url: str) -> None:
+    """As kube-apiserver does: deleting a pod bound to a node only marks it, so whoever
+    lists pods sees it Terminating until its kubelet ends its process; a pod on no node
+    goes at once, and so does one deleted with a grace of 0."""
+    pods, maps = "/api/v1/namespaces/default/pods", "/api/v1/namespaces/default/configmaps"
+    owner = call(
+        url, "POST", maps, {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "o"}}
+    )
+    ref = {"apiVersion": "v1", "kind": "ConfigMap", "name": "o", "uid": owner["metadata"]["uid"]}
+
+    def pod(name: str, node: str | None, **meta: Any) -> None:
+        spec: dict[str, Any] = {"containers": [{"name": "c", "image": "x"}]}
+        if node is not None:
+            spec.update(nodeName=node, terminationGracePeriodSeconds=45)
+        body = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, **meta}, "spec": spec}
+        call(url, "POST", pods, body)
+
+    def names() -> set[str]:
+        return {p["metadata"]["name"] for p in call(url, "GET", pods)["items"]}
+
+    pod("bound", "node-a")
+    pod("unbound", None)
+    pod("owned", "node-a", ownerReferences=[ref])
+    call(url, "DELETE", f"{pods}/bound")
+    call(url, "DELETE", f"{pods}/unbound")
+    call(url, "DELETE", f"{maps}/o")
+    assert names() == {"bound", "owned"}
+    for name in ("bound", "owned"):
+        meta = call(url, "GET", f"{pods}/{name}")["metadata"]
+        assert meta["deletionTimestamp"] and meta["deletionGracePeriodSeconds"] == 45
+    call(url, "DELETE", f"{pods}/bound")  # asked again, with its grace: still there
+    assert names() == {"bound", "owned"}
+    call(url, "DELETE", f"{pods}/bound?gracePeriodSeconds=0")
+    call(url, "DELETE", f"{pods}/owned", {"gracePeriodSeconds": 0})
+    assert names() == set()
+
+
 def test_generate_name_gives_each_object_its_own_name(url: str) -> None:
     maps = "/api/v1/namespaces/default/configmaps"
     body = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"generateName": "event-"}}
