@@ -602,6 +602,11 @@ class WorkerCore:
         group = self.transfer_group
         if group is None or req.transfer_group != group:
             return state
+        if held.version != self.version:
+            # Advanced since it departed: the blocks an export computed now would be the
+            # new policy's, not those of the version the trajectory runs under.
+            self.counts["exports_stale"] += 1
+            return state
         try:
             tokens, params = await self.engine.export(rid, held.context_ids)
         except Exception as e:  # the destination re-prefills; the hand-off goes on

@@ -53,6 +53,15 @@ class KvTransfer:
     pull_timeout_s: float = 20.0
 
 
+def _pull_params(offer: dict[str, object]) -> dict[str, object]:
+    """The source's transfer params, less its own prefix-cache hits: given those, vLLM
+    reports them as the destination's cached tokens, so a pull whose source had to
+    recompute the context read as 0 tokens pulled (and the idle source's hits as a pull
+    that may not have happened). Without them the figure is the destination's own: its
+    prefix-cache hits plus the tokens it loaded from the source."""
+    return {k: v for k, v in offer.items() if k != "remote_prefill_cached_tokens"}
+
+
 class PullFailed(Exception):
     """A KV pull that did not complete; the request is re-prefilled instead."""
 
@@ -236,7 +245,7 @@ class VllmEngine:
             max_tokens=min(request.max_new_tokens, self.max_model_len - request.context),
             logprobs=0,
             output_kind=RequestOutputKind.DELTA,
-            extra_args={"kv_transfer_params": dict(pull)} if pull is not None else None,
+            extra_args={"kv_transfer_params": _pull_params(pull)} if pull is not None else None,
         )
 
     async def _decode(self, request: EngineRequest, vid: str) -> None:

@@ -6,15 +6,17 @@ counts say which; the tokens are those of an uninterrupted run either way."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
+from pathlib import Path
 
 import pytest
 
 from cadence.common.physics import transfer_s
-from cadence.worker.api import Migration, PlaceResponse
+from cadence.worker.api import AdvanceRequest, Migration, PlaceResponse
 from cadence.worker.core import WorkerCore
 from cadence.worker.emulated import LINK_BYTES_PER_S, EmulatedEngine
 
-from .factories import Pool, fresh, moved
+from .factories import CountingSource, Pool, fresh, moved
 
 
 def _decode(core: WorkerCore, steps: int) -> None:
@@ -104,6 +106,31 @@ def test_a_move_that_cannot_or_may_not_pull_re_prefills_and_says_why(
     assert first == pytest.approx(engine.pacer.prefill_s(26) + engine.pacer.step_s(1, 26))
     moves = c.state().moves
     assert (moves.kv, moves.reprefill, moves.reprefill_tokens) == (0, 1, 26)
+
+
+class _Reloadable(CountingSource):
+    def load_weights(self, path: Path) -> None:
+        pass  # the tokens stay a function of the context; only the version changes
+
+
+def test_a_source_that_advanced_since_the_trajectory_left_offers_no_kv(tmp_path: Path) -> None:
+    """The blocks an export would compute now are the new policy's, not those of the
+    version the trajectory runs under: the destination re-prefills instead."""
+    pool = Pool()
+    a, b = pool.add("a", source=_Reloadable()), pool.add("b")
+    asyncio.run(a.place(fresh("t", max_tokens=30)))
+    _decode(a, 10)
+    a.evict("t")
+
+    async def weights(uri: str) -> bytes:
+        return b"version 1"
+
+    a.fetch_weights, a.weights_dir = weights, tmp_path
+    digest = hashlib.sha256(b"version 1").hexdigest()
+    asyncio.run(a.advance(AdvanceRequest(version=1, weights_uri="v1", sha256=digest)))
+    placed = asyncio.run(b.place(moved("t", pool.source("a"), attempt=1)))
+    assert placed.moved == "reprefill" and "the source offered no KV" in (placed.move_reason or "")
+    assert a.counts["exports_stale"] == 1 and a.counts["exports"] == 0
 
 
 def test_a_worker_reports_its_transfer_group_and_link() -> None:

@@ -142,6 +142,29 @@ def test_a_pulled_trajectory_continues_token_identically_and_frees_the_source(
     assert after == before
 
 
+def test_a_pull_from_a_source_that_recomputed_the_context_counts_as_a_pull(
+    engines: tuple[VllmEngine, VllmEngine], loop: asyncio.AbstractEventLoop
+) -> None:
+    """A busy source's prefix cache may have lost the context, so its export computes it
+    again: vLLM then reports the source's cache hits (0) as the destination's, and every
+    such pull read as a fallback though its blocks arrived."""
+    a, b = engines
+    context = list(range(205, 325))  # 120 tokens neither engine has seen
+
+    async def run() -> tuple[dict[str, object], EngineRequest]:
+        tokens, params = await a.export("cold", context)
+        moved = EngineRequest("cold", context, 20, GREEDY)
+        moved.kv_params = params
+        moved.kv_expected = pulled_tokens(tokens, len(context), 32)
+        await _decode(b, moved, None)
+        return params, moved
+
+    params, moved = loop.run_until_complete(run())
+    assert params.get("remote_prefill_cached_tokens") == 0  # the source computed it all
+    [(rid, cached, failure)] = _pulls(b)
+    assert (rid, failure) == ("cold", None) and cached >= moved.kv_expected == 96
+
+
 def test_blocks_exported_for_a_pull_nobody_makes_are_freed_after_the_lease(
     engines: tuple[VllmEngine, VllmEngine], loop: asyncio.AbstractEventLoop
 ) -> None:
