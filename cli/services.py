@@ -318,7 +318,7 @@ def add_worker(sub: Commands) -> None:
         type=float,
         default=20.0,
         help="seconds a KV pull may take to a first token before the move re-prefills "
-        "instead (vllm; default 20)",
+        "instead, below --kv-lease-s (vllm; default 20)",
     )
     _add_tls(w)
     w.set_defaults(run=_cmd_worker)

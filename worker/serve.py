@@ -139,6 +139,12 @@ def check(options: WorkerOptions, *, model_files: bool = True) -> None:
         raise ConfigError("--kv-lease-s must be at least 1")
     if not 0 < options.kv_pull_timeout_s < float("inf"):
         raise ConfigError("--kv-pull-timeout-s must be positive")
+    if options.kv_pull_timeout_s >= options.kv_lease_s:
+        raise ConfigError(
+            f"--kv-pull-timeout-s {options.kv_pull_timeout_s:g} must be below --kv-lease-s "
+            f"{options.kv_lease_s}: a pull still waiting when its lease ends would read "
+            "blocks the source may have freed"
+        )
     check_tls(options.tls_cert, options.tls_key)
 
 

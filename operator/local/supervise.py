@@ -46,6 +46,12 @@ BACKOFF_S = 1.0
 MAX_BACKOFF_S = 30.0
 HEALTH_S = 5.0  # how often a serving process is asked /healthz
 UNRESPONSIVE_S = 120.0  # unanswered (or unhealthy) that long: killed and started afresh
+# vLLM workers on one machine's CPUs: a destination engine sharing two cores with two
+# others took over 20 s (the worker's default pull timeout) to schedule the read of a
+# pull, whose blocks the source freed after its 30 s lease. The timeout stays below the
+# lease, so a destination never reads blocks its source may have freed.
+KV_LEASE_S = 120
+KV_PULL_TIMEOUT_S = 90.0
 
 State = Literal["starting", "serving", "stopping"]
 
@@ -142,7 +148,8 @@ class Supervisor:
         if w.max_model_len is not None:
             args += ["--max-model-len", str(w.max_model_len)]
         if self.kv_transfer:
-            args += ["--kv-transfer-port", str(free_port())]
+            args += ["--kv-transfer-port", str(free_port()), "--kv-lease-s", str(KV_LEASE_S)]
+            args += ["--kv-pull-timeout-s", str(KV_PULL_TIMEOUT_S)]
         url = self.children.start(w.id, [*args, *self.common])
         self.members[w.id] = [w]
         self.urls[w.id] = url

@@ -32,6 +32,11 @@ from .factories import CADENCE, free_port, wait_healthy
         (["--kv-transfer-port", "70000"], {"CADENCE_TOKEN": "t"}, "is not a TCP port"),
         (["--kv-pull-timeout-s", "nan"], {"CADENCE_TOKEN": "t"}, "must be positive"),
         (
+            ["--kv-pull-timeout-s", "30"],
+            {"CADENCE_TOKEN": "t"},
+            "--kv-pull-timeout-s 30 must be below --kv-lease-s 30",
+        ),
+        (
             ["--kv-tokens", "1000", "--max-model-len", "1100"],
             {"CADENCE_TOKEN": "t"},
             "--kv-tokens 1000 cannot hold one --max-model-len 1100 context",
