@@ -142,8 +142,11 @@ class ControlLoop:
     # so one that goes silent mid-advance is lost like any other.
     _advancing: dict[str, asyncio.Task[None]] = field(default_factory=dict)
     _versions: dict[int, VersionInfo] = field(default_factory=dict)
-    # The last cycle's snapshot and plan (the operator reports per-group demand from it).
+    # The last cycle's snapshot and plan (the operator reports per-group demand from it),
+    # and the plan's actions that took effect (a worker refuses what it no longer holds).
     last_plan: tuple[Snapshot, tuple[Action, ...]] | None = None
+    last_applied: tuple[Action, ...] = ()
+    _refused: list[Action] = field(default_factory=list)  # this cycle's, as _apply goes
     # Workers on which a pinned h_min is below one period's growth, with the sentence.
     floor_warnings: dict[str, str] = field(default_factory=dict)
     _closing: set[asyncio.Future[None]] = field(default_factory=set)  # clients of gone workers
@@ -269,7 +272,11 @@ class ControlLoop:
         self.last_plan = (snapshot, tuple(actions))
         counts = Counter(type(a).__name__.lower() for a in actions)
         t2 = time.perf_counter()
+        self._refused = []
         errors = await self._apply(actions, view, {p.id: p for p in snapshot.pending})
+        refused = {id(a) for a in self._refused}
+        self.last_applied = tuple(a for a in actions if id(a) not in refused)
+        applied = Counter(type(a).__name__.lower() for a in self.last_applied)
         report = CycleReport(
             cycle_ms=(time.perf_counter() - t0) * 1000,
             ledger_ms=ledger_ms,
@@ -283,12 +290,12 @@ class ControlLoop:
         )
         self.reports.append(report)
         del self.reports[:-1000]
-        self._totals.update(counts)
+        self._totals.update(applied)
         self._totals["errors"] += errors
         self._totals["requeued"] += requeued
         self._totals["cycles"] += 1
         self._totals["departures"] += sum(
-            isinstance(a, Evict) and a.reason == EvictReason.SOURCE for a in actions
+            isinstance(a, Evict) and a.reason == EvictReason.SOURCE for a in self.last_applied
         )
         return report
 
@@ -548,6 +555,7 @@ class ControlLoop:
         for evict, result in zip(evicts, results, strict=True):
             if isinstance(result, BaseException):
                 errors += 1
+                self._refused.append(evict)
                 log.warning("%s failed: %r", evict, result)
                 continue
             attempt = attempts.get(evict.trajectory, result.attempt)
@@ -680,6 +688,7 @@ class ControlLoop:
         unknown = [a for a in places if a.trajectory not in fresh and a.trajectory not in pending]
         for a in unknown:
             log.warning("%s names a sample that is neither fresh nor parked; skipped", a)
+        self._refused.extend(unknown)
         places = [a for a in places if a not in unknown]
         for a in places:
             f = fresh.get(a.trajectory)
@@ -729,6 +738,7 @@ class ControlLoop:
             if not isinstance(result, BaseException):
                 continue
             errors += 1
+            self._refused.append(a)
             failed.setdefault((a.worker, repr(result)), []).append(r.id)
             if r.fresh is not None:
                 invalid = getattr(result, "status", None) == 422  # never startable anywhere

@@ -80,7 +80,8 @@ class RunLoop(ControlLoop):
         r = await super().cycle()
         self.sample.add(Timings(r.cycle_ms, r.ledger_ms, r.observe_ms, r.plan_ms, r.apply_ms))
         if self.last_plan is not None:
-            events = events_of(*self.last_plan, at=self.clock() - self.origin)
+            snapshot = self.last_plan[0]
+            events = events_of(snapshot, self.last_applied, at=self.clock() - self.origin)
             self.event_counts.update((e.kind, e.detail) for e in events)
             self.events.extend(events[: max(0, MAX_EVENTS - len(self.events))])
         return r

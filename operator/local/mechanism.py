@@ -1,6 +1,7 @@
 """What the scheduler did in a `cadence run`, read from its cycles: the actions it applied
-(evictions by reason, placements that moved a trajectory, advances), the role each
-worker played, and where the tail went.
+(evictions by reason, placements that moved a trajectory, advances; an action a worker
+refused, such as the eviction of a trajectory that finished meanwhile, is left out), the
+role each worker played, and where the tail went.
 
 A worker's role at a cycle follows from the versions the pool serves: one that serves an
 older version than the newest any worker serves, and still holds residents, is a *tail*

@@ -174,7 +174,8 @@ def timeline_of_events(
     ax.set_xlabel("seconds since start")
     ax.set_title(f"{title}: evictions, moves and advances", fontsize=9)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    if ax.get_legend_handles_labels()[0]:  # a run with no event has nothing to key
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     captioned(fig, EVENTS_CAPTION)
     fig.savefig(path, dpi=100)
     plt.close(fig)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from cadence.operator.scheduler.actions import Place
 from cadence.operator.scheduler.snapshot import Knobs
 
 from .harness import LocalPool, trainer
@@ -225,12 +226,16 @@ def test_a_placement_the_worker_refuses_goes_back_and_is_placed_later(
         said = [r.getMessage() for r in caplog.records if "placing" in r.getMessage()]
         assert len(said) == 1 and " on w0 failed: " in said[0]
         assert f"and {report.actions['place'] - 3} more" in said[0]
+        # Planned, not applied: the run's counts and its timeline leave them out.
+        assert loop.totals["place"] == 0
+        assert not any(isinstance(a, Place) for a in loop.last_applied)
         ledger = pool.trainer.ledger
         assert ledger.counts().get("placed", 0) == 0  # every refused sample went back
         assert {s.state for s in ledger.samples()} == {"fresh"}
         pool.router.full.clear()
         report = await loop.cycle()
         assert report.errors == 0 and ledger.counts()["placed"] == report.actions["place"]
+        assert loop.totals["place"] == report.actions["place"]
         await loop.aclose()
 
     asyncio.run(go())
