@@ -522,9 +522,14 @@ class WorkerCore:
 
     def evict(self, rid: str) -> EvictResponse:
         """Stop decoding `rid`, free its KV, keep its tokens parked here."""
-        held = self.resident.pop(rid, None)
+        held = self.resident.get(rid)
         if held is None:
             raise Refused(404, "not_resident", f"{rid} is not resident here")
+        if rid not in self.engine.requests:
+            # The engine ended it since the last step (vLLM finishes requests as they
+            # stream, between steps): the next step delivers it.
+            raise Refused(409, "finished", f"{rid} finished before it could be evicted")
+        del self.resident[rid]
         self._absorb(held, self.engine.abort(rid))
         if held.generated >= held.max_tokens:
             # It decoded its last token between the observation and this call: nothing is

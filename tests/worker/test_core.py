@@ -9,6 +9,7 @@ import pytest
 
 from cadence.worker.api import ClaimRequest, Fence, PlaceRequest, ReleaseRequest
 from cadence.worker.core import Refused, WorkerCore
+from cadence.worker.engine import EngineRequest
 
 from .factories import Pool, fresh, moved
 
@@ -200,6 +201,32 @@ def test_an_eviction_that_finds_the_last_token_decoded_ends_the_trajectory_there
     assert "t" not in a.parked and "t" not in a.resident
     delivered = a.finished.pop()
     assert sum(len(turn.token_ids) for turn in delivered.turns) == 5
+
+
+def test_an_eviction_of_a_trajectory_the_engine_ended_since_the_last_step_is_refused() -> None:
+    """vLLM ends a request as its last token streams in, between the worker's steps:
+    an eviction then finds it gone from the engine (a worker answered 500 with a
+    KeyError). It is refused as finished, and the next step delivers it once."""
+    pool = Pool()
+    a = pool.add("a")
+    asyncio.run(a.place(fresh("t", max_tokens=5)))
+    _steps(a, 4)
+    engine = a.engine
+    ended = engine.requests.pop("t")  # as vLLM's stream does when the request ends
+    ended.output.token_ids.append(7)
+    ended.output.logprobs.append(-0.5)
+    step = engine.step
+
+    async def step_handing_it_over() -> list[EngineRequest]:
+        return [ended, *await step()]
+
+    engine.step = step_handing_it_over  # type: ignore[method-assign]
+    with pytest.raises(Refused) as refused:
+        a.evict("t")
+    assert refused.value.status == 409 and refused.value.reason == "finished"
+    assert "t" in a.resident and "t" not in a.parked
+    _steps(a, 1)
+    assert "t" not in a.resident and len(a.finished) == 1
 
 
 def test_a_fence_drops_copies_under_older_attempts_and_keeps_current_and_claimed_ones() -> None:
