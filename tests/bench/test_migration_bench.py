@@ -20,10 +20,10 @@ def test_migration_bench_compares_a_kv_pull_with_a_re_prefill(
     assert summary["token_identical"] is True
     kv, reprefill = summary["rows"]
     assert (kv["transport"], reprefill["transport"]) == ("kv", "reprefill")
-    # Five whole blocks of 32, less the one holding the last token: the destination
-    # computes that token itself to sample the next.
-    assert kv["cached_tokens"] == 128 and reprefill["cached_tokens"] == 0
-    assert kv["bytes"] == 128 * summary["kv_bytes_per_token"] > 0 and reprefill["bytes"] == 0
+    # The destination loads all five blocks of 32 (its prefix cache was emptied), then
+    # computes the last token again for the logits it samples from.
+    assert kv["cached_tokens"] == 160 and reprefill["cached_tokens"] == 0
+    assert kv["bytes"] == 160 * summary["kv_bytes_per_token"] > 0 and reprefill["bytes"] == 0
     assert kv["failed_pulls"] == reprefill["failed_pulls"] == []
     assert kv["ttft_s"] > 0 and reprefill["ttft_s"] > 0
     assert summary["ttft_ratio_kv_over_reprefill"]["160"] > 0
