@@ -78,9 +78,9 @@ class RoomError(RuntimeError):
 
 
 def pulled_tokens(offered: int, context: int, block: int) -> int:
-    """The context a pull leaves cached on the destination: the whole blocks of what was
-    offered, short of the last token, which the destination computes itself to sample
-    the next one (a context of exactly 8 blocks pulls 7)."""
+    """The least a pull must leave cached on the destination to count as one: the whole
+    blocks of what was offered short of the last token (vLLM loads that block too when
+    it is whole, and computes the last token again for the logits it samples from)."""
     return min(offered, context - 1) // block * block
 
 
