@@ -287,9 +287,7 @@ class KubernetesEmulator(kmock.KubernetesEmulator):
         if not pod.get("spec", {}).get("nodeName") or grace == 0:
             return None
         if not pod["metadata"].get("deletionTimestamp"):
-            obj.patch(
-                {"metadata": {"deletionTimestamp": _now(), "deletionGracePeriodSeconds": grace}}
-            )
+            _mark_terminating(obj, grace)
             await self._buses[resource].put({"type": "MODIFIED", "object": obj.raw})
         return aiohttp.web.json_response(obj.raw)
 
@@ -315,9 +313,7 @@ class KubernetesEmulator(kmock.KubernetesEmulator):
                         obj.patch({"metadata": {"deletionTimestamp": _now()}})
                         event = {"type": "MODIFIED", "object": obj.raw}
                     elif resource.plural == "pods" and obj.get("spec", {}).get("nodeName"):
-                        grace = obj.get("spec", {}).get("terminationGracePeriodSeconds", 30)
-                        stamp = {"deletionTimestamp": _now(), "deletionGracePeriodSeconds": grace}
-                        obj.patch({"metadata": stamp})
+                        _mark_terminating(obj, _pod_grace_s(obj.raw))
                         event = {"type": "MODIFIED", "object": obj.raw}
                     else:
                         obj.delete()
@@ -604,9 +600,16 @@ def _grace_s(request: kmock.Request, pod: dict[str, Any]) -> int:
     asked = request.params.get("gracePeriodSeconds")
     if asked is None and isinstance(request.data, dict):
         asked = request.data.get("gracePeriodSeconds")
-    if asked is None:
-        asked = pod.get("spec", {}).get("terminationGracePeriodSeconds", 30)
-    return int(asked)
+    return _pod_grace_s(pod) if asked is None else int(asked)
+
+
+def _pod_grace_s(pod: dict[str, Any]) -> int:
+    return int(pod.get("spec", {}).get("terminationGracePeriodSeconds", 30))
+
+
+def _mark_terminating(obj: Any, grace: int) -> None:
+    """A graceful deletion's mark: the object stays until deleted with a grace of 0."""
+    obj.patch({"metadata": {"deletionTimestamp": _now(), "deletionGracePeriodSeconds": grace}})
 
 
 def _failure(
