@@ -20,7 +20,7 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from cadence.operator.api.resources import load
+from cadence.operator.api.files import load
 from cadence.operator.local import run as local
 from cadence.operator.local.simulate import SimWorkload, scenario_of
 from cadence.sim import compare

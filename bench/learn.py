@@ -22,8 +22,8 @@ from typing import Literal
 
 from cadence.operator.control.loop import ControlLoop, LoopConfig
 from cadence.operator.local.processes import serve_trainer, worker_processes
-from cadence.operator.scheduler.cadence import CadencePolicy
-from cadence.operator.scheduler.snapshot import Knobs
+from cadence.scheduler.cadence import CadencePolicy
+from cadence.scheduler.snapshot import Knobs
 from cadence.trainer.client import TrainerClient
 from cadence.trainer.config import TrainerConfig
 from cadence.trainer.trainer import Trainer

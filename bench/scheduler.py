@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from cadence.common.stats import percentile
-from cadence.operator.scheduler import (
+from cadence.scheduler import (
     Action,
     Admission,
     Advance,

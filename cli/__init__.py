@@ -22,7 +22,7 @@ from collections.abc import Sequence
 
 from cadence.cli import bench, kube, run, services, sim
 from cadence.cli.common import PROG, Parser, RunFailed, UsageError
-from cadence.operator.scheduler import ConfigError
+from cadence.scheduler import ConfigError
 from cadence.sim.core import StallError
 
 __all__ = ["build_parser", "entry", "main"]

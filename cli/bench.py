@@ -15,7 +15,7 @@ from cadence.bench.scheduler import main as bench_main
 from cadence.bench.workload import main as workload_main
 from cadence.cli.common import Commands, Parser, UsageError, at_least
 from cadence.cli.sim import load_scenario
-from cadence.operator.scheduler.registry import POLICIES
+from cadence.scheduler.registry import POLICIES
 
 
 def _cmd_bench_scheduler(args: argparse.Namespace) -> int:
@@ -81,7 +81,8 @@ def _cmd_bench_agreement(args: argparse.Namespace) -> int:
             f"unknown policy {', '.join(unknown) or '(none)'}; known: {', '.join(POLICIES)}"
         )
     if args.file is not None:
-        from cadence.operator.api.resources import ResourceError, load  # noqa: PLC0415
+        from cadence.operator.api.files import load  # noqa: PLC0415
+        from cadence.operator.api.resources import ResourceError  # noqa: PLC0415
 
         try:
             load(args.file)

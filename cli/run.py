@@ -28,7 +28,7 @@ from rich.console import Console
 
 from cadence.cli.common import PROG, Commands, RunFailed, UsageError, at_least
 from cadence.common.statelock import StateInUse, StateLock
-from cadence.operator.scheduler.registry import POLICIES
+from cadence.scheduler.registry import POLICIES
 
 T = TypeVar("T")
 
@@ -97,7 +97,8 @@ def _new_workdir(name: str) -> Path:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from cadence.operator.api.resources import ResourceError, load  # noqa: PLC0415
+    from cadence.operator.api.files import load  # noqa: PLC0415
+    from cadence.operator.api.resources import ResourceError  # noqa: PLC0415
 
     try:
         pool, training = load(args.file)

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from cadence.cli.common import Commands, UsageError, at_least, positive_seconds
+from cadence.trainer.config import TrainerConfig
 
 
 def _cmd_worker(args: argparse.Namespace) -> int:
@@ -112,7 +113,6 @@ def _cmd_trainer(args: argparse.Namespace) -> int:
     # Imported here: torch takes seconds to import, and most subcommands never need it.
     from pydantic import ValidationError  # noqa: PLC0415
 
-    from cadence.trainer.config import TrainerConfig  # noqa: PLC0415
     from cadence.trainer.serve import serve  # noqa: PLC0415
     from cadence.worker.serve import ConfigError, check_tls, read_token  # noqa: PLC0415
 
@@ -125,20 +125,11 @@ def _cmd_trainer(args: argparse.Namespace) -> int:
             return _serve_trainer(serve, config, token, args, tls)
         if args.model_path is None or args.state_dir is None:
             raise UsageError("give --model-path and --state-dir, or --config")
+        config = TrainerConfig(
+            model_path=args.model_path, state_dir=args.state_dir, **trainer_settings(args)
+        )
         if not (args.model_path / "config.json").is_file():
             raise UsageError(f"{args.model_path} holds no Hugging Face model (no config.json)")
-        config = TrainerConfig(
-            model_path=args.model_path,
-            state_dir=args.state_dir,
-            task=args.task,
-            group_size=args.group_size,
-            batch_groups=args.batch_groups,
-            iterations=args.iterations,
-            eta=args.eta,
-            learning_rate=args.learning_rate,
-            max_tokens=args.max_tokens,
-            seed=args.seed,
-        )
     except ConfigError as e:
         raise UsageError(str(e)) from None
     except ValidationError as e:
@@ -166,8 +157,6 @@ def _serve_trainer(
 
 def _trainer_config(path: Path) -> Any:
     from pydantic import ValidationError  # noqa: PLC0415
-
-    from cadence.trainer.config import TrainerConfig  # noqa: PLC0415
 
     try:
         config = TrainerConfig.model_validate_json(path.read_bytes())
@@ -324,6 +313,26 @@ def add_worker(sub: Commands) -> None:
     w.set_defaults(run=_cmd_worker)
 
 
+# The TrainerConfig fields `cadence trainer` takes as flags, with their help. Each flag's
+# default and bounds are the model's: a flag not given is left to the model.
+TRAINER_FLAGS: dict[str, tuple[Any, str]] = {
+    "task": (str, "the built-in task"),
+    "group_size": (int, "samples per prompt"),
+    "batch_groups": (int, "prompt groups per batch (B)"),
+    "iterations": (int, "batches to train"),
+    "eta": (int, "staleness bound"),
+    "learning_rate": (float, ""),
+    "max_tokens": (int, "tokens per sample"),
+    "seed": (int, ""),
+}
+TRAINER_DEFAULTS = {f: TrainerConfig.model_fields[f].default for f in TRAINER_FLAGS}
+
+
+def trainer_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The TrainerConfig fields given as flags (the others keep the model's defaults)."""
+    return {f: getattr(args, f) for f in TRAINER_FLAGS if hasattr(args, f)}
+
+
 def add_trainer(sub: Commands) -> None:
     """`cadence trainer`."""
     t = sub.add_parser(
@@ -341,14 +350,17 @@ def add_trainer(sub: Commands) -> None:
         type=Path,
         help="a TrainerConfig as JSON (every field; the options below are then ignored)",
     )
-    t.add_argument("--task", choices=["digits", "arithmetic"], default="digits")
-    t.add_argument("--group-size", type=int, default=8, help="samples per prompt")
-    t.add_argument("--batch-groups", type=int, default=8, help="prompt groups per batch (B)")
-    t.add_argument("--iterations", type=int, default=20, help="batches to train")
-    t.add_argument("--eta", type=int, default=1, help="staleness bound")
-    t.add_argument("--learning-rate", type=float, default=2e-2)
-    t.add_argument("--max-tokens", type=int, default=12, help="tokens per sample")
-    t.add_argument("--seed", type=int, default=0)
+    for field, (kind, what) in TRAINER_FLAGS.items():
+        default = TRAINER_DEFAULTS[field]
+        extra: dict[str, Any] = {"type": kind}
+        if field == "task":
+            extra = {"choices": ["digits", "arithmetic"]}
+        t.add_argument(
+            f"--{field.replace('_', '-')}",
+            default=argparse.SUPPRESS,
+            help=f"{what} (default {default})" if what else f"default {default}",
+            **extra,
+        )
     t.add_argument("--host", default="127.0.0.1")
     t.add_argument("--port", type=at_least(1), default=8100)
     t.add_argument("--token-file", type=Path, help="file holding the bearer token")

@@ -30,10 +30,10 @@ from cadence.cli.common import (
     setting_value,
     validation_sentence,
 )
-from cadence.operator.scheduler import plan
-from cadence.operator.scheduler.registry import DEFAULT_POLICIES, POLICIES
-from cadence.operator.scheduler.snapshot import Migration
-from cadence.operator.scheduler.wire import SnapshotModel, StateModel, actions_to_json
+from cadence.scheduler import plan
+from cadence.scheduler.registry import DEFAULT_POLICIES, POLICIES
+from cadence.scheduler.snapshot import Migration
+from cadence.scheduler.wire import SnapshotModel, StateModel, actions_to_json
 from cadence.sim import compare, plots
 from cadence.sim.report import document, pool_lines, table
 from cadence.sim.scenario import Scenario
@@ -96,7 +96,8 @@ def load_scenario(path: Path, settings: Sequence[str] = ()) -> Scenario:
 
 def _read_scenario(path: Path) -> Scenario:
     if _holds_resources(path):
-        from cadence.operator.api.resources import ResourceError, load  # noqa: PLC0415
+        from cadence.operator.api.files import load  # noqa: PLC0415
+        from cadence.operator.api.resources import ResourceError  # noqa: PLC0415
         from cadence.operator.local.simulate import scenario_of  # noqa: PLC0415
 
         try:

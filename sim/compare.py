@@ -7,7 +7,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
-from cadence.operator.scheduler.registry import POLICIES, SWEEPS
+from cadence.scheduler.registry import POLICIES, SWEEPS
 from cadence.sim.core import Result, Simulation
 from cadence.sim.scenario import Scenario
 

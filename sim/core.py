@@ -24,7 +24,7 @@ from typing import Any, Literal
 from cadence.common.catalog import MODELS
 from cadence.common.physics import Deployment
 from cadence.common.stats import percentile
-from cadence.operator.scheduler import (
+from cadence.scheduler import (
     Action,
     Admission,
     Admit,
@@ -39,9 +39,9 @@ from cadence.operator.scheduler import (
     WorkerView,
     check_no_stranding,
 )
-from cadence.operator.scheduler.cost import StepCost
-from cadence.operator.scheduler.moves import move_kind
-from cadence.operator.scheduler.snapshot import Transfer
+from cadence.scheduler.cost import StepCost
+from cadence.scheduler.moves import move_kind
+from cadence.scheduler.snapshot import Transfer
 from cadence.sim.engine import Engine, Request
 from cadence.sim.scenario import Scenario, step_cost, transfer_group
 from cadence.sim.workload import Sample

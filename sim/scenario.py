@@ -42,8 +42,9 @@ from cadence.common.physics import (
     Efficiency,
     deploy,
 )
-from cadence.operator.scheduler.cost import StepCost, floor_warning
-from cadence.operator.scheduler.snapshot import Knobs, Migration
+from cadence.common.pool import Affinity, CustomAccelerator, PricePerHour, TensorParallel
+from cadence.scheduler.cost import StepCost, floor_warning
+from cadence.scheduler.snapshot import Knobs, Migration
 from cadence.sim.workload import (
     Component,
     Empirical,
@@ -134,14 +135,6 @@ def _resolve(path: Path, info: ValidationInfo) -> Path:
     return path if path.is_absolute() or base is None else Path(base) / path
 
 
-class CustomAccelerator(_Strict):
-    """An accelerator type the catalog lacks: its figures, all estimates (E)."""
-
-    memory_gb: float = Field(gt=0, le=1e5)
-    bandwidth_tb_s: float = Field(gt=0, le=1e3)
-    bf16_tflops: float = Field(gt=0, le=1e6)
-
-
 class Group(_Strict):
     """Devices of one accelerator type. Each worker uses the smallest tensor-parallel
     degree that fits the model with `min_kv_tokens` to spare, so `devices` / tp workers."""
@@ -149,12 +142,12 @@ class Group(_Strict):
     name: str = Field(min_length=1)
     accelerator: str = Field(min_length=1)
     devices: int = Field(ge=1, le=MAX_DEVICES)
-    affinity: int = Field(default=0, ge=-1_000, le=1_000)
-    price_per_hour: float | None = Field(default=None, ge=0, le=1e6)
+    affinity: Affinity = 0
+    price_per_hour: PricePerHour | None = None
     custom: CustomAccelerator | None = None
     # A worker's tensor-parallel degree and KV tokens as a deployment pinned them (what
     # `cadence run` and the operator start workers with); unset: sized as above.
-    tensor_parallel: int | None = Field(default=None, ge=1, le=64)
+    tensor_parallel: TensorParallel | None = None
     kv_tokens: int | None = Field(default=None, ge=1, le=MAX_TOKENS * 64)
 
     @model_validator(mode="after")

@@ -8,8 +8,9 @@ from typing import Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from cadence.trainer.ledger import SampleState
 from cadence.worker.api import Attempt, Delivery, Version
+
+SampleState = Literal["fresh", "placed", "parked", "environment", "delivered", "consumed"]
 
 
 class _Body(BaseModel):
@@ -150,3 +151,13 @@ class PublishRequest(_Body):
     version: int = Field(ge=1)
     weights_uri: str = Field(min_length=1)  # a path on the trainer's volume, or http(s)
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+
+
+def sample_id(group: int, index: int) -> str:
+    """Sample `index` of group `group`: the id every service names it by."""
+    return f"g{group}-s{index}"
+
+
+def sample_index(sid: str) -> int:
+    """A sample's place in its group, from its id (`sample_id`'s inverse)."""
+    return int(sid.rsplit("-s", 1)[1])

@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from cadence.worker.api import greedy_or_above_the_floor
+from cadence.worker.api import MAX_TOKENS, greedy_or_above_the_floor
 
 
 class TrainerConfig(BaseModel):
@@ -29,7 +29,7 @@ class TrainerConfig(BaseModel):
     clip_eps: float = Field(default=0.2, gt=0.0)
     epochs: int = Field(default=1, ge=1)
     advantages: Literal["group", "batch"] = "group"
-    max_tokens: int = Field(default=12, ge=1)
+    max_tokens: int = Field(default=12, ge=1, le=MAX_TOKENS)  # as a worker bounds it
     temperature: float = Field(default=1.0, ge=0.0)
     # Which groups an update trains: batch u as admitted ("in_order"), or the B groups
     # that completed first ("oldest_complete", as AReaL's trainer takes them).

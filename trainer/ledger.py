@@ -24,9 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from cadence.trainer.api import SampleState, sample_id
 from cadence.worker.api import Delivery, Timings
 
-SampleState = Literal["fresh", "placed", "parked", "environment", "delivered", "consumed"]
 IN_FLIGHT: tuple[SampleState, ...] = ("placed", "parked", "environment")
 Accepted = Literal["accepted", "duplicate", "stale", "unknown", "invalid"]
 # A sample re-queued this many times for its own fault (its placement refused as
@@ -514,15 +514,6 @@ class Ledger:
         failed = self.db.execute("SELECT COUNT(*) FROM samples WHERE failed = 1").fetchone()
         counts["failed"] = int(failed[0])
         return counts
-
-
-def sample_id(group: int, index: int) -> str:
-    return f"g{group}-s{index}"
-
-
-def sample_index(sid: str) -> int:
-    """A sample's place in its group, from its id (`sample_id`'s inverse)."""
-    return int(sid.rsplit("-s", 1)[1])
 
 
 def _sample(row: Sequence[object]) -> Sample:

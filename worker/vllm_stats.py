@@ -8,12 +8,13 @@ Imported only where vLLM runs.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vllm.config import VllmConfig
 from vllm.v1.metrics.loggers import StatLoggerBase
 
-from cadence.worker.vllm_engine import EngineStats
+if TYPE_CHECKING:  # the engine module imports this one once vLLM is loaded
+    from cadence.worker.vllm_engine import EngineStats
 
 
 class StatsSink(StatLoggerBase):

@@ -1,43 +1,36 @@
 """Each group's KV capacity for a run's model, and the rule that needs it across the two
 resources: a trajectory as long as any group's `max_model_len` must fit every group
-under `h_min + delta` (DESIGN.md, "Headroom and thresholds"; otherwise a trajectory of a
-version only such workers serve is stranded for ever).
+under `h_min + delta` (otherwise a trajectory of a version only such workers serve is
+stranded for ever: it can move nowhere).
 
 CEL cannot check this: it spans the pool and the run and needs the catalog's figures.
-`resources.check_pair` calls it, so `cadence run` refuses such a pair with exit 2 and
+`check_pair` applies it, so `cadence run` refuses such a pair with exit 2 and
 the operator marks the run Degraded with the same sentence. The pending-demand metric
 uses the capacities too, for groups that have no worker to ask.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from cadence.common.catalog import MODELS
 from cadence.common.physics import TP_DEGREES, kv_capacity_tokens
+from cadence.operator.api.resources import PoolGroup, ResourceError, RolloutPool, TrainingRun
 from cadence.operator.api.settings import knobs_of
-from cadence.operator.scheduler.errors import StrandingError
-from cadence.operator.scheduler.validation import check_no_stranding, required_capacity
-from cadence.sim.scenario import CustomAccelerator, Group
-
-if TYPE_CHECKING:  # resources calls into this module
-    from cadence.operator.api.resources import PoolGroup, RolloutPool, TrainingRun
+from cadence.scheduler.errors import StrandingError
+from cadence.scheduler.validation import check_no_stranding, required_capacity
+from cadence.sim.scenario import Group
 
 
 def sim_group(group: PoolGroup, devices: int = 1, plan: tuple[int, int] | None = None) -> Group:
     """A pool's group as the simulator's catalog knows it (its own figures if custom);
     with `plan` (`group_plans`' tensor-parallel degree and KV tokens), its workers pinned
     to what the operator and `cadence run` start them with."""
-    custom = None
-    if group.custom is not None:
-        custom = CustomAccelerator(**group.custom.model_dump())
     return Group(
         name=group.name,
         accelerator=group.accelerator,
         devices=devices,
         affinity=group.affinity,
         price_per_hour=group.price_per_hour,
-        custom=custom,
+        custom=group.custom,
         tensor_parallel=None if plan is None else plan[0],
         kv_tokens=None if plan is None else plan[1],
     )
@@ -88,3 +81,32 @@ def check_capacity(pool: RolloutPool, run: TrainingRun) -> None:
         check_no_stranding(group_capacities(pool, run), longest_trajectory(pool), knobs_of(run))
     except StrandingError as e:
         raise StrandingError(f"{run.spec.model.catalog} on this pool: {e}") from None
+
+
+def check_pair(pool: RolloutPool, run: TrainingRun) -> None:
+    """Rules across the two resources."""
+    if run.spec.pool != pool.metadata.name:
+        raise ResourceError(
+            f"TrainingRun spec.pool: it names pool {run.spec.pool!r}, "
+            f"but the pool here is {pool.metadata.name!r}"
+        )
+    try:
+        check_capacity(pool, run)
+    except StrandingError as e:
+        raise ResourceError(f"TrainingRun {_blamed(pool, run)}: {e}") from None
+
+
+def _blamed(pool: RolloutPool, run: TrainingRun) -> str:
+    """The field a capacity refusal names: a pinned floor or reserve when leaving it auto
+    would fit, else the model."""
+    s = run.spec.scheduler
+    pinned = [name for name, v in (("hMin", s.h_min), ("delta", s.delta)) if v != "auto"]
+    if not pinned:
+        return "spec.model"
+    auto = s.model_copy(update={"h_min": "auto", "delta": "auto"})
+    relaxed = run.model_copy(update={"spec": run.spec.model_copy(update={"scheduler": auto})})
+    try:
+        check_capacity(pool, relaxed)
+    except StrandingError:
+        return "spec.model"
+    return " and ".join(f"spec.scheduler.{name}" for name in pinned)

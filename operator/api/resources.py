@@ -16,16 +16,13 @@ from __future__ import annotations
 import importlib.metadata
 import re
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Annotated, Any, Literal, Self
 
-import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
     PlainValidator,
-    ValidationError,
     WithJsonSchema,
     field_validator,
     model_validator,
@@ -34,8 +31,8 @@ from pydantic.alias_generators import to_camel
 from pydantic.config import JsonDict
 
 from cadence.common.catalog import ACCELERATORS, MODELS
-from cadence.common.complaints import first_complaint
-from cadence.operator.scheduler.registry import POLICIES
+from cadence.common.pool import Affinity, CustomAccelerator, PricePerHour, TensorParallel
+from cadence.scheduler.registry import POLICIES
 from cadence.sim.scenario import (
     AutoOrTokens,
     EmpiricalLengthsSpec,
@@ -90,17 +87,6 @@ class _Spec(BaseModel):
     )
 
 
-class CustomAccelerator(_Spec):
-    """An accelerator type the catalog lacks: its figures (estimates)."""
-
-    memory_gb: float = Field(gt=0)
-    """One device's memory, in GB (10^9 bytes)."""
-    bandwidth_tb_s: float = Field(gt=0)
-    """One device's memory bandwidth, in TB/s."""
-    bf16_tflops: float = Field(gt=0)
-    """One device's dense BF16 compute, in TFLOPS."""
-
-
 class EngineSettings(_Spec):
     """How each worker of a group starts its inference engine (vLLM on a cluster)."""
 
@@ -108,19 +94,16 @@ class EngineSettings(_Spec):
     """The engine: vLLM on the group's accelerators, or the emulated engine (the
     accelerator's roofline, no device; for a cluster without accelerators, such as a
     kind cluster testing the control plane)."""
-    tensor_parallel: int | None = Field(default=None, ge=1)
+    tensor_parallel: TensorParallel | None = None
     """Devices one worker's engine spans (tensor parallelism); unset: the smallest degree
     that holds the longest trajectory plus hMin + delta, which the capacity check plans
     with and every worker is started at."""
-    max_model_len: int = Field(default=4096, ge=16)
+    max_model_len: int = Field(default=4096, ge=16, le=MAX_LENGTH)
     """The longest trajectory (prompt and response) a worker serves, in tokens (vLLM's
     max_model_len); every group must hold the pool's longest plus hMin + delta."""
     memory_utilization: float = Field(default=0.9, gt=0, le=1)
     """The share of each device's memory the engine may take, above 0 and at most 1
     (vLLM's gpu_memory_utilization); what the weights leave is KV cache."""
-    kv_transfer: bool = False
-    """Reserved for vLLM KV connectors between workers of one vendor: nothing reads it
-    yet, and a trajectory that moves is prefilled again where it lands."""
 
 
 class Toleration(_Spec):
@@ -310,7 +293,7 @@ class GroupSettings(_Spec):
     worker follow it, and the pods carry it as the label cadence.dev/accelerator."""
     custom: CustomAccelerator | None = None
     """The figures of an accelerator type the catalog lacks; unset: the catalog's."""
-    affinity: int = Field(default=0, ge=0)
+    affinity: Affinity = 0
     """The group's affinity rank: a version's long tail concentrates on the workers of
     the highest rank, so give the fastest type the highest number."""
     replicas: int = Field(default=1, ge=0)
@@ -329,7 +312,7 @@ class GroupSettings(_Spec):
     """Node labels a worker pod's node must have (the pod's nodeSelector)."""
     tolerations: list[Toleration] = []
     """Node taints the worker pods tolerate."""
-    price_per_hour: float | None = Field(default=None, ge=0)
+    price_per_hour: PricePerHour | None = None
     """One worker's price, in dollars per hour, for the run's tokens per dollar; unset:
     the catalog's price under `cadence run`, 0 in the operator."""
     engine: EngineSettings = EngineSettings()
@@ -1049,73 +1032,3 @@ def groups_of(pool: RolloutPool) -> list[RolloutGroup]:
             )
         )
     return out
-
-
-def check_pair(pool: RolloutPool, run: TrainingRun) -> None:
-    """Rules across the two resources."""
-    if run.spec.pool != pool.metadata.name:
-        raise ResourceError(
-            f"TrainingRun spec.pool: it names pool {run.spec.pool!r}, "
-            f"but the pool here is {pool.metadata.name!r}"
-        )
-    from cadence.operator.api.capacity import check_capacity  # noqa: PLC0415 (it imports this)
-    from cadence.operator.scheduler.errors import StrandingError  # noqa: PLC0415
-
-    try:
-        check_capacity(pool, run)
-    except StrandingError as e:
-        raise ResourceError(f"TrainingRun {_blamed(pool, run)}: {e}") from None
-
-
-def _blamed(pool: RolloutPool, run: TrainingRun) -> str:
-    """The field a capacity refusal names: a pinned floor or reserve when leaving it auto
-    would fit, else the model."""
-    from cadence.operator.api.capacity import check_capacity  # noqa: PLC0415
-    from cadence.operator.scheduler.errors import StrandingError  # noqa: PLC0415
-
-    s = run.spec.scheduler
-    pinned = [name for name, v in (("hMin", s.h_min), ("delta", s.delta)) if v != "auto"]
-    if not pinned:
-        return "spec.model"
-    auto = s.model_copy(update={"h_min": "auto", "delta": "auto"})
-    relaxed = run.model_copy(update={"spec": run.spec.model_copy(update={"scheduler": auto})})
-    try:
-        check_capacity(pool, relaxed)
-    except StrandingError:
-        return "spec.model"
-    return " and ".join(f"spec.scheduler.{name}" for name in pinned)
-
-
-def _where(e: ValidationError, kind: str, data: object, model: type[BaseModel]) -> str:
-    path, message = first_complaint(e, data, model)
-    return f"{kind} {path}: {message}" if path else f"{kind}: {message}"
-
-
-def load(path: Path) -> tuple[RolloutPool, TrainingRun]:
-    """A YAML file holding one RolloutPool and one TrainingRun (any order)."""
-    try:
-        documents = [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
-    except OSError as e:
-        raise ResourceError(f"cannot read {path}: {e.strerror}") from None
-    except yaml.YAMLError as e:
-        raise ResourceError(f"{path} is not YAML: {str(e).splitlines()[0]}") from None
-    found: dict[str, Any] = {}
-    for d in documents:
-        kind = d.get("kind") if isinstance(d, dict) else None
-        if kind not in ("RolloutPool", "TrainingRun"):
-            raise ResourceError(
-                f"{path}: a document of kind {kind!r}; expected RolloutPool or TrainingRun"
-            )
-        if kind in found:
-            raise ResourceError(f"{path} holds more than one {kind}")
-        model = RolloutPool if kind == "RolloutPool" else TrainingRun
-        try:
-            found[kind] = model.model_validate(d)
-        except ValidationError as e:
-            raise ResourceError(_where(e, kind, d, model)) from None
-    for kind in ("RolloutPool", "TrainingRun"):
-        if kind not in found:
-            raise ResourceError(f"{path} holds no {kind}")
-    pool, run = found["RolloutPool"], found["TrainingRun"]
-    check_pair(pool, run)
-    return pool, run

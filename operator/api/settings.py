@@ -7,9 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from cadence.operator.api.resources import SIZING_DELTA, SIZING_H_MIN, TrainingRun
-from cadence.operator.control.budgets import Budgets
-from cadence.operator.scheduler.registry import POLICIES
-from cadence.operator.scheduler.snapshot import Knobs
+from cadence.scheduler.registry import POLICIES
+from cadence.scheduler.snapshot import Knobs
+from cadence.sim.budgets import Budgets
 from cadence.trainer.config import TrainerConfig
 
 

@@ -20,8 +20,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from cadence.operator.scheduler.actions import Action, Evict, Place
-from cadence.operator.scheduler.snapshot import Knobs, Snapshot
+from cadence.scheduler.actions import Action, Evict, Place
+from cadence.scheduler.snapshot import Knobs, Snapshot
 
 
 @dataclass(frozen=True, slots=True)

@@ -37,11 +37,10 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from cadence.common.errors import describe
-from cadence.operator.control.budgets import Budgets
-from cadence.operator.scheduler.actions import Action, Admit, Advance, Evict, EvictReason, Place
-from cadence.operator.scheduler.cost import StepCost, floor_warning
-from cadence.operator.scheduler.policy import Policy
-from cadence.operator.scheduler.snapshot import (
+from cadence.scheduler.actions import Action, Admit, Advance, Evict, EvictReason, Place
+from cadence.scheduler.cost import StepCost, floor_warning
+from cadence.scheduler.policy import Policy
+from cadence.scheduler.snapshot import (
     Admission,
     FreshSample,
     Knobs,
@@ -51,9 +50,9 @@ from cadence.operator.scheduler.snapshot import (
     Transfer,
     WorkerView,
 )
-from cadence.trainer.api import LedgerView, Record, VersionInfo
+from cadence.sim.budgets import Budgets
+from cadence.trainer.api import LedgerView, Record, VersionInfo, sample_index
 from cadence.trainer.client import TrainerClient, TrainerError
-from cadence.trainer.ledger import sample_index
 from cadence.worker.api import (
     AdvanceRequest,
     Fence,

@@ -39,6 +39,7 @@ from pydantic import BaseModel, ValidationError
 
 from cadence.common.complaints import first_complaint
 from cadence.common.errors import describe
+from cadence.operator.api.capacity import check_pair
 from cadence.operator.api.resources import (
     API_VERSION,
     GROUP,
@@ -48,7 +49,6 @@ from cadence.operator.api.resources import (
     RolloutPool,
     TrainingRun,
     as_written,
-    check_pair,
 )
 from cadence.operator.api.settings import budgets_of, knobs_of
 from cadence.operator.control.loop import ControlLoop, LoopConfig
@@ -58,7 +58,7 @@ from cadence.operator.kube.events import EventRecorder, Post
 from cadence.operator.kube.metrics import OperatorMetrics
 from cadence.operator.kube.run_report import RunReporter
 from cadence.operator.kube.supervisor import Stopped, Supervisor
-from cadence.operator.scheduler.registry import POLICIES
+from cadence.scheduler.registry import POLICIES
 from cadence.trainer.client import TrainerClient, TrainerError
 from cadence.worker.client import WorkerClient, WorkerError
 

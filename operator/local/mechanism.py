@@ -20,8 +20,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from cadence.operator.scheduler.actions import Action, Advance, Evict, Place
-from cadence.operator.scheduler.snapshot import Snapshot
+from cadence.scheduler.actions import Action, Advance, Evict, Place
+from cadence.scheduler.snapshot import Snapshot
 from cadence.worker.api import WorkerState
 
 MAX_EVENTS = 200_000  # a run's event list stops growing here; the counts go on

@@ -39,7 +39,7 @@ from cadence.operator.local.figures import RunLoop, read_ledger
 from cadence.operator.local.mechanism import Event, Sample
 from cadence.operator.local.processes import Children
 from cadence.operator.local.supervise import PoolWorker, Supervisor
-from cadence.operator.scheduler.registry import POLICIES
+from cadence.scheduler.registry import POLICIES
 from cadence.trainer.api import RunStats
 from cadence.trainer.client import TrainerClient, TrainerError
 from cadence.trainer.config import TrainerConfig

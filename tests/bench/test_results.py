@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from cadence.bench.results import main
-from cadence.operator.scheduler.registry import DEFAULT_POLICIES
+from cadence.scheduler.registry import DEFAULT_POLICIES
 from cadence.sim import compare
 from cadence.sim.report import document
 from cadence.sim.scenario import Scenario

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from cadence.cli import main
+from cadence.cli import build_parser, main
 from cadence.cli import run as run_cli
 from cadence.common.statelock import StateLock
 from tests.helpers import TINY_SCENARIO
@@ -154,6 +154,10 @@ EXAMPLE_RUN = Path(__file__).parents[2] / "manifests" / "examples" / "trainingru
         (["operator", "--all-namespaces", "--resync-s", "0"], "must be positive and finite"),
         (["trainer", "--config", "/nonexistent/trainer.json"], "cannot read /nonexistent"),
         (["trainer"], "give --model-path and --state-dir, or --config"),
+        (
+            ["trainer", "--model-path", "m", "--state-dir", "s", "--max-tokens", "2000000"],
+            "--max-tokens: Input should be less than or equal to 1048576",
+        ),
     ],
 )
 def test_the_new_commands_refuse_bad_input_in_one_sentence(
@@ -166,6 +170,42 @@ def test_the_new_commands_refuse_bad_input_in_one_sentence(
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert sentence in err and err.count("\n") == 1
+
+
+def test_a_pool_the_simulator_cannot_model_is_refused_before_a_run_starts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The resource and the simulator's pool had two sets of bounds: this validated as a
+    resource, then failed the capacity check (run by the simulator) with a traceback."""
+    big = tmp_path / "big.yaml"
+    custom = "custom: {memoryGb: 200000, bandwidthTbS: 3, bf16Tflops: 900}"
+    big.write_text(
+        EXAMPLE_RUN.read_text().replace("accelerator: H800", f"accelerator: X1\n      {custom}")
+    )
+    assert main(["run", str(big), "--workdir", str(tmp_path / "w"), "--no-live"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert "spec.groups[h800].custom.memoryGb: Input should be less than or equal to 100000" in err
+
+
+def test_the_trainers_flags_leave_what_is_not_given_to_its_config() -> None:
+    from cadence.cli.services import trainer_settings  # noqa: PLC0415
+    from cadence.trainer.config import TrainerConfig  # noqa: PLC0415
+
+    def config(*flags: str) -> TrainerConfig:
+        args = build_parser().parse_args(
+            ["trainer", "--model-path", "m", "--state-dir", "s", *flags]
+        )
+        return TrainerConfig(
+            model_path=args.model_path, state_dir=args.state_dir, **trainer_settings(args)
+        )
+
+    assert config() == TrainerConfig(model_path=Path("m"), state_dir=Path("s"))
+    assert config("--eta", "3", "--learning-rate", "0.5").model_dump() == {
+        **TrainerConfig(model_path=Path("m"), state_dir=Path("s")).model_dump(),
+        "eta": 3,
+        "learning_rate": 0.5,
+    }
 
 
 def test_a_trainer_config_file_that_does_not_validate_names_the_field(

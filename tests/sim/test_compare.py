@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from cadence.operator.scheduler.registry import SWEEPS
+from cadence.scheduler.registry import SWEEPS
 from cadence.sim import compare
 from cadence.sim.scenario import Scenario
 from tests.helpers import SCENARIO_DIR, TINY_SCENARIO

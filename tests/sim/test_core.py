@@ -7,9 +7,9 @@ import random
 
 import pytest
 
-from cadence.operator.scheduler import CadencePolicy, StrandingError
-from cadence.operator.scheduler.registry import POLICIES
-from cadence.operator.scheduler.snapshot import worker_order
+from cadence.scheduler import CadencePolicy, StrandingError
+from cadence.scheduler.registry import POLICIES
+from cadence.scheduler.snapshot import worker_order
 from cadence.sim.core import Simulation, Trajectory, _slowest_tenth_share
 from cadence.sim.scenario import Scenario
 from tests.helpers import TINY_SCENARIO

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from cadence.common.catalog import MODELS
-from cadence.operator.scheduler import CadencePolicy
-from cadence.operator.scheduler.registry import POLICIES
+from cadence.scheduler import CadencePolicy
+from cadence.scheduler.registry import POLICIES
 from cadence.sim.compare import with_setting
 from cadence.sim.core import Result, Simulation
 from cadence.sim.scenario import Scenario

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from cadence.cli import main
-from cadence.operator.scheduler import Action, Admit, Snapshot
+from cadence.scheduler import Action, Admit, Snapshot
 from cadence.sim.core import STALL_S, Simulation, StallError
 from cadence.sim.scenario import Scenario
 from tests.helpers import TINY_SCENARIO

@@ -14,7 +14,7 @@ import pytest
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from cadence.operator.scheduler import CadencePolicy
+from cadence.scheduler import CadencePolicy
 from cadence.sim import compare
 from cadence.sim.core import Simulation
 from cadence.sim.scenario import Scenario

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from cadence.operator.scheduler import CadencePolicy
+from cadence.scheduler import CadencePolicy
 from cadence.sim.core import Simulation
 from cadence.sim.scenario import Scenario
 from tests.helpers import SCENARIO_DIR, TINY_SCENARIO

@@ -13,8 +13,8 @@ from safetensors.torch import load_file, save_file
 
 from cadence.operator.control.loop import ControlLoop, LoopConfig
 from cadence.operator.local.processes import serve_trainer, worker_processes
-from cadence.operator.scheduler.cadence import CadencePolicy
-from cadence.operator.scheduler.snapshot import Knobs
+from cadence.scheduler.cadence import CadencePolicy
+from cadence.scheduler.snapshot import Knobs
 from cadence.trainer.api import SubmittedPrompt
 from cadence.trainer.client import TrainerClient
 from cadence.trainer.config import TrainerConfig

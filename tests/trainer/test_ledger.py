@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from cadence.trainer.ledger import Ledger, LedgerError, sample_id
+from cadence.trainer.api import sample_id
+from cadence.trainer.ledger import Ledger, LedgerError
 
 from .factories import delivery
 

@@ -9,7 +9,8 @@ import pytest
 
 from cadence.common.catalog import ACCELERATORS
 from cadence.operator.api.capacity import check_capacity, group_capacities, hourly_price
-from cadence.operator.api.resources import ResourceError, load
+from cadence.operator.api.files import load
+from cadence.operator.api.resources import ResourceError
 from cadence.operator.api.settings import knobs_of
 from tests.helpers import TRAINING_RUN
 

@@ -9,7 +9,8 @@ import pytest
 import yaml
 
 from cadence.operator.api.capacity import group_plans
-from cadence.operator.api.resources import ResourceError, RolloutPool, TrainingRun, load
+from cadence.operator.api.files import load
+from cadence.operator.api.resources import ResourceError, RolloutPool, TrainingRun
 from tests.helpers import TRAINING_RUN
 
 EXAMPLE = TRAINING_RUN
@@ -60,6 +61,13 @@ def test_the_example_validates() -> None:
             ),
             "RolloutPool spec.groups[h800]: engine.tensorParallel 2 needs 2 devices in each "
             "worker pod, but its resources request 1",
+        ),
+        (
+            (
+                "replicas: 2\n      pricePerHour: 2.0",
+                "replicas: 2\n      engine: {kvTransfer: true}",
+            ),
+            "RolloutPool spec.groups[h800].engine.kvTransfer: 'kvTransfer' is not a field here",
         ),
         (
             ("spec:\n  groups:", "spec:\n  emulatedSpeed: 0\n  groups:"),

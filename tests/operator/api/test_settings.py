@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from cadence.operator.api.resources import load
+from cadence.operator.api.files import load
 from cadence.operator.api.settings import trainer_config
 from tests.helpers import LONGTAIL
 

@@ -14,8 +14,8 @@ import httpx
 
 from cadence.common.sources import Destinations
 from cadence.operator.control.loop import ControlLoop, LoopConfig
-from cadence.operator.scheduler.cadence import CadencePolicy
-from cadence.operator.scheduler.snapshot import Knobs
+from cadence.scheduler.cadence import CadencePolicy
+from cadence.scheduler.snapshot import Knobs
 from cadence.trainer.app import create_app as trainer_app
 from cadence.trainer.client import TrainerClient
 from cadence.trainer.config import TrainerConfig

@@ -4,10 +4,9 @@
 from __future__ import annotations
 
 from cadence.operator.control.group_stats import GroupShape, group_stats, wanted_group
-from cadence.operator.scheduler.actions import Action, Evict, EvictReason, Place
-from cadence.operator.scheduler.cadence import CadencePolicy
-
-from ..scheduler.factories import make_knobs, make_pending, make_snapshot, make_worker
+from cadence.scheduler.actions import Action, Evict, EvictReason, Place
+from cadence.scheduler.cadence import CadencePolicy
+from tests.scheduler.factories import make_knobs, make_pending, make_snapshot, make_worker
 
 GROUPS = [GroupShape("pool-h800", affinity=2, capacity=1_000), GroupShape("pool-a910x", 1, 600)]
 GROUP_OF = {"h0": "pool-h800", "a0": "pool-a910x", "a1": "pool-a910x"}

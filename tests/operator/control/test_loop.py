@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from cadence.operator.control.loop import ControlLoop, LoopConfig
-from cadence.operator.scheduler import CadencePolicy, Knobs, StepCost, WorkerView
+from cadence.scheduler import CadencePolicy, Knobs, StepCost, WorkerView
 from cadence.trainer.client import TrainerClient
 
 FAST = StepCost(weights_s=0.010, kv_token_s=0.0, seq_s=0.0)  # 100 steps a second

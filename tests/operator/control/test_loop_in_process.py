@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from cadence.operator.scheduler.actions import Place
-from cadence.operator.scheduler.snapshot import Knobs
+from cadence.scheduler.actions import Place
+from cadence.scheduler.snapshot import Knobs
 
 from .harness import LocalPool, trainer
 

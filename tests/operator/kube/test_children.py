@@ -14,7 +14,8 @@ import pytest
 
 from cadence.cli import build_parser
 from cadence.operator.api.capacity import group_capacities, group_plans
-from cadence.operator.api.resources import RolloutGroup, RolloutPool, TrainingRun, load
+from cadence.operator.api.files import load
+from cadence.operator.api.resources import RolloutGroup, RolloutPool, TrainingRun
 from cadence.operator.kube import children
 from cadence.operator.kube.children import WorkerView, choose_for_scale_in
 from cadence.worker.serve import WorkerOptions, emulated_deployment

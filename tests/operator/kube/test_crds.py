@@ -19,7 +19,8 @@ from pydantic import ValidationError
 
 from cadence.cli import main
 from cadence.devcluster.openapi import cel_broken, rules, to_json_schema, transition
-from cadence.operator.api.resources import RolloutGroup, RolloutPool, TrainingRun, groups_of, load
+from cadence.operator.api.files import load
+from cadence.operator.api.resources import RolloutGroup, RolloutPool, TrainingRun, groups_of
 from cadence.operator.kube import crds
 from tests.helpers import ROOT
 

@@ -23,8 +23,8 @@ from cadence.operator.local.processes import (
     wait_healthy,
     worker_processes,
 )
-from cadence.operator.scheduler.cadence import CadencePolicy
-from cadence.operator.scheduler.snapshot import Knobs
+from cadence.scheduler.cadence import CadencePolicy
+from cadence.scheduler.snapshot import Knobs
 from cadence.trainer.client import TrainerClient
 from cadence.trainer.ledger import Ledger
 from tests.helpers import eventually_async

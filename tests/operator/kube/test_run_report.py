@@ -6,16 +6,17 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
-from cadence.operator.api.resources import API_VERSION, load
+from cadence.operator.api.files import load
+from cadence.operator.api.resources import API_VERSION
 from cadence.operator.control.loop import ControlLoop, LoopConfig
 from cadence.operator.kube.handlers import pod_endpoint
 from cadence.operator.kube.run_report import RunReporter
-from cadence.operator.scheduler.cadence import CadencePolicy
-from cadence.operator.scheduler.snapshot import Knobs
+from cadence.scheduler.cadence import CadencePolicy
+from cadence.scheduler.snapshot import Knobs
 from cadence.trainer.client import TrainerClient
 from tests.helpers import TRAINING_RUN
 from tests.operator.kube.memory_kube import MemoryKube
-from tests.operator.scheduler.factories import make_snapshot
+from tests.scheduler.factories import make_snapshot
 
 
 def _pod(name: str, uid: str, ip: str | None, ready: bool) -> dict[str, Any]:

@@ -14,8 +14,8 @@ import httpx
 from cadence.common.stats import percentile
 from cadence.operator.control.loop import LoopConfig
 from cadence.operator.local.figures import LedgerFigures, Reservoir, RunLoop, measures
-from cadence.operator.scheduler.cadence import CadencePolicy
-from cadence.operator.scheduler.snapshot import Knobs
+from cadence.scheduler.cadence import CadencePolicy
+from cadence.scheduler.snapshot import Knobs
 from cadence.trainer.api import RunStats
 from cadence.trainer.client import TrainerClient
 

@@ -13,9 +13,9 @@ from cadence.operator.local.mechanism import (
     roles,
     tail_figures,
 )
-from cadence.operator.scheduler.actions import Action, Advance, Evict, EvictReason, Place
+from cadence.scheduler.actions import Action, Advance, Evict, EvictReason, Place
 from cadence.worker.api import ResidentInfo, WorkerState
-from tests.operator.scheduler.factories import make_pending, make_snapshot, make_worker
+from tests.scheduler.factories import make_pending, make_snapshot, make_worker
 
 
 def _state(wid: str, affinity: int, version: int, contexts: list[int]) -> WorkerState:

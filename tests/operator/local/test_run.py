@@ -20,11 +20,11 @@ from pathlib import Path
 import pytest
 
 from cadence.cli import main
-from cadence.operator.api.resources import load
+from cadence.operator.api.files import load
 from cadence.operator.local import chaos
 from cadence.operator.local.processes import CADENCE
 from cadence.operator.local.run import pool_workers, vllm_workers
-from cadence.operator.scheduler.registry import DEFAULT_POLICIES
+from cadence.scheduler.registry import DEFAULT_POLICIES
 from tests.helpers import LONGTAIL, TRAINING_RUN, eventually
 
 EXAMPLE = TRAINING_RUN

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from cadence.cli import main
-from cadence.operator.api.resources import load
+from cadence.operator.api.files import load
 from cadence.operator.api.settings import knobs_of
 from cadence.operator.local.simulate import SimWorkload, scenario_of
 from tests.helpers import LONGTAIL, TRAINING_RUN

@@ -1,0 +1,300 @@
+"""Pacing the throughput arc: long out at the floor, short in by tight fit.
+
+While short work remains for a version, every worker keeps its headroom at or above
+`h_min` by departing its longest residents, and pending work is placed shortest first
+onto the feasible worker left with the least headroom. The first keeps the active batch
+large and the mean context low; the second is what turns a uniform pool into throughput
+workers (kept nearly full of short work) and tail workers (kept free for long work).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import Counter
+from collections.abc import Container, Iterable, Mapping, Sequence
+from typing import Literal
+
+from cadence.scheduler.actions import Action, Evict, EvictReason, Place
+from cadence.scheduler.admission import may_start
+from cadence.scheduler.moves import MoveRule
+from cadence.scheduler.snapshot import FreshSample, PendingTrajectory
+from cadence.scheduler.working import WorkingWorker
+
+Fit = Literal["tight", "worst"]
+Candidate = PendingTrajectory | FreshSample
+
+
+def evict_longest_to_floor(worker: WorkingWorker, min_decode: int, out: list[Action]) -> None:
+    """Floor rule (pacing): while H_w is below the worker's floor, depart the longest resident.
+
+    The longest resident frees the most KV per departure and removes the most context
+    pressure. Residents still inside the anti-thrash window are skipped; if none is
+    eligible the worker stays below the floor until one is.
+    """
+    while worker.headroom < worker.floor():
+        index = worker.longest_evictable(min_decode)
+        if index is None:
+            return
+        victim = worker.pop(index, min_decode)
+        out.append(Evict(victim.id, worker.id, victim.context, EvictReason.FLOOR))
+
+
+def placement_feasible(worker: WorkingWorker, context: int) -> bool:
+    """Placement threshold (pacing): a seat in the engine's batch, and
+    H_after >= h_min + delta * (|A_w| + 1).
+
+    The per-resident reserve delta absorbs the growth of everything decoding on the
+    worker, the incoming trajectory included; the gap between this threshold and the floor
+    stops a worker that was just restored from being refilled straight back below it.
+    A trajectory placed beyond the engine's sequence limit would only queue inside it.
+    """
+    n = worker.count + 1
+    return worker.has_seat() and worker.headroom - context >= worker.floor(n) + worker.reserve * n
+
+
+def _context(item: Candidate) -> int:
+    return item.prompt_tokens if isinstance(item, FreshSample) else item.context
+
+
+def _key(item: Candidate) -> tuple[int, str]:
+    return (_context(item), item.id)
+
+
+class _FitIndex:
+    """Workers of one version ordered for the fit rule, in two tiers, with permanent
+    discards.
+
+    Tier 0 holds the workers whose decode is still memory-bound with one more trajectory,
+    ordered by fit; tier 1 those it would tip into compute-bound, fewest residents first.
+    A worker moves to tier 1 the first time the candidate at hand would tip it, for the
+    rest of the pass. So tight fit fills a worker up to where its decode turns
+    compute-bound and then goes on to the next; once every worker is there, work is
+    spread evenly, since a compute-bound worker's throughput no longer grows with its
+    batch but every resident's step time does. Where KV binds first (every worker stays
+    in tier 0) it is the paper's tight fit unchanged.
+
+    Candidates arrive in ascending context, and during a pass a worker's slack
+    (H_w - floor - delta * |A_w|) and free seats only fall. So a worker that cannot take
+    the current candidate cannot take any later one either, and is dropped for the rest
+    of the pass. That makes the pass O((P + W) log W) instead of O(P * W).
+    """
+
+    __slots__ = ("_sign", "_tiers", "version")
+
+    def __init__(self, version: int, workers: Iterable[WorkingWorker], fit: Fit) -> None:
+        self.version = version
+        self._sign = 1 if fit == "tight" else -1
+        self._tiers: tuple[list[tuple[int, str, WorkingWorker]], ...] = (
+            [(self._sign * w.headroom, w.id, w) for w in workers],
+            [],
+        )
+        heapq.heapify(self._tiers[0])
+
+    def __bool__(self) -> bool:
+        return any(self._tiers)
+
+    def _top(self, context: int) -> tuple[int, WorkingWorker] | None:
+        open_, bound = self._tiers
+        while open_:
+            worker = open_[0][2]
+            if not placement_feasible(worker, context):
+                heapq.heappop(open_)
+            elif worker.saturated_with(context):
+                heapq.heappop(open_)
+                heapq.heappush(bound, self._entry(1, worker))
+            else:
+                return 0, worker
+        while bound:
+            worker = bound[0][2]
+            if placement_feasible(worker, context):
+                return 1, worker
+            heapq.heappop(bound)
+        return None
+
+    def best(self, context: int) -> WorkingWorker | None:
+        top = self._top(context)
+        return None if top is None else top[1]
+
+    def fit_key(self, context: int) -> tuple[tuple[int, int], WorkingWorker] | None:
+        """(tier, fit) of the best worker for `context`, and the worker; None if none."""
+        top = self._top(context)
+        if top is None:
+            return None
+        tier, worker = top
+        return (tier, self._entry(tier, worker)[0]), worker
+
+    def _entry(self, tier: int, worker: WorkingWorker) -> tuple[int, str, WorkingWorker]:
+        if tier == 0:
+            return (self._sign * worker.headroom, worker.id, worker)
+        return (worker.count, worker.id, worker)
+
+    def reposition(self, worker: WorkingWorker) -> None:
+        for tier, heap in enumerate(self._tiers):
+            if heap and heap[0][2] is worker:
+                heapq.heapreplace(heap, self._entry(tier, worker))
+                return
+
+
+def place_by_fit(
+    workers_by_version: Mapping[int, Sequence[WorkingWorker]],
+    pending: Sequence[tuple[int, Sequence[PendingTrajectory]]],
+    fresh_by_batch: Mapping[int, Sequence[FreshSample]],
+    *,
+    eta: int,
+    out: list[Action],
+    fit: Fit = "tight",
+    moves: MoveRule | None = None,
+) -> None:
+    """Placement rule (pacing): shortest first, each onto the tightest feasible worker.
+
+    Candidates are the placeable trajectories of P_v (`pending`: runs of one version
+    each, ascending) and the fresh samples (`fresh_by_batch`, ascending within a batch), all in one
+    ascending order of context length: shorter work fits more workers, so placing it
+    first keeps the large gaps for long work. A pending trajectory may go only to workers
+    of its own version; a fresh sample of batch u to any version >= u - eta, and it binds
+    to the version of the worker that takes it. Among feasible workers the one with the
+    smallest headroom after placement wins (tight fit), preferring a worker whose decode
+    stays memory-bound with it (see `_FitIndex`). `fit="worst"` picks the largest
+    instead; it exists only as the paper's ablation and is never the default.
+
+    With a move rule (`moves`), workers are indexed per version and transfer group: among
+    equally tight fits a departed trajectory takes the one it moves to most cheaply (a
+    KV pull before a re-prefill), and under migration kv it may use only its source's
+    group while a worker of that group serves its version (`MoveRule.restriction`).
+
+    The candidate streams are merged lazily, and a stream is dropped as soon as every
+    worker it could use is full, so a backed-up P_v costs nothing to skip.
+    """
+    parts: dict[tuple[int, str], list[WorkingWorker]] = {}
+    for v, ws in workers_by_version.items():
+        for w in ws:
+            group = w.view.transfer_group if moves is not None else None
+            parts.setdefault((v, group or ""), []).append(w)
+    indexes = {key: _FitIndex(key[0], ws, fit) for key, ws in parts.items()}
+    of_version: dict[int, list[_FitIndex]] = {}
+    for key in sorted(indexes, key=lambda k: (-k[0], k[1])):
+        of_version.setdefault(key[0], []).append(indexes[key])
+    newest_first = [ix for v in sorted(of_version, reverse=True) for ix in of_version[v]]
+    # A stream is (candidates, the indexes its candidates may use, newest first).
+    streams: list[tuple[Sequence[Candidate], list[_FitIndex]]] = []
+    for v, ps in pending:
+        if v not in of_version or not ps:
+            continue
+        if moves is None or moves.migration != "kv":
+            streams.append((ps, of_version[v]))
+            continue
+        # kv: each departed trajectory only onto its source's group while one hosts v.
+        runs: dict[str, list[PendingTrajectory]] = {}
+        for p in ps:
+            runs.setdefault(moves.restriction(p) or "", []).append(p)
+        for group, run in sorted(runs.items()):
+            allowed = of_version[v] if not group else [indexes[(v, group)]]
+            if (v, group) in indexes or not group:
+                streams.append((run, allowed))
+    for batch, samples in fresh_by_batch.items():
+        allowed = [ix for ix in newest_first if may_start(batch, ix.version, eta)]
+        if allowed and samples:
+            streams.append((samples, allowed))
+    heap = [(_key(items[0]), n, 0) for n, (items, _) in enumerate(streams)]
+    heapq.heapify(heap)
+    while heap:
+        (context, _), n, i = heap[0]
+        items, allowed = streams[n]
+        item = items[i]
+        chosen = _choose(allowed, context, item, moves)
+        if chosen is None:
+            heapq.heappop(heap)  # every worker this stream may use is full: drop it
+            continue
+        ix, worker = chosen
+        assert worker.version is not None
+        worker.add(item.id, context)
+        out.append(Place(item.id, worker.id, worker.version, context))
+        ix.reposition(worker)
+        if i + 1 < len(items):
+            heapq.heapreplace(heap, (_key(items[i + 1]), n, i + 1))
+        else:
+            heapq.heappop(heap)
+
+
+def _choose(
+    allowed: Sequence[_FitIndex], context: int, item: Candidate, moves: MoveRule | None
+) -> tuple[_FitIndex, WorkingWorker] | None:
+    """The index and worker the fit rule picks for `item` among `allowed`: the best fit
+    over all of them; among equally tight fits a departed trajectory goes where the move
+    is cheapest (a KV pull first, `moves.py`), then to the newer version, then by id."""
+    best: tuple[tuple[int, int], _FitIndex, WorkingWorker] | None = None
+    tied: list[tuple[_FitIndex, WorkingWorker]] = []
+    for ix in allowed:
+        found = ix.fit_key(context)
+        if found is None:
+            continue
+        key, worker = found
+        if best is None or key < best[0]:
+            best, tied = (key, ix, worker), [(ix, worker)]
+        elif key == best[0]:
+            tied.append((ix, worker))
+    if best is None:
+        return None
+    if len(tied) == 1:
+        return tied[0]
+    if moves is not None and isinstance(item, PendingTrajectory):
+        return min(tied, key=lambda t: (moves.of(item, t[1].view).key(), -t[0].version, t[1].id))
+    return min(tied, key=lambda t: (-t[0].version, t[1].id))
+
+
+def hold_for_waiting(
+    workers_by_version: Mapping[int, Sequence[WorkingWorker]],
+    pending: Sequence[tuple[int, Sequence[PendingTrajectory]]],
+    placed: Container[str],
+    moves: MoveRule | None = None,
+) -> dict[int, list[WorkingWorker]]:
+    """Hold rule (pacing): the workers fresh work may use, given what P_v could not place.
+
+    A departed trajectory too long for every gap would otherwise wait for ever in a busy
+    pool: short fresh work takes each gap as it opens, and the longer a trajectory has
+    run the longer the gap it needs. So each one that found no room holds one worker of
+    its version, the roomiest left, against new work until it is placed: the residents
+    there finish, and nothing new takes their place. Only departed work can hold a
+    worker, and only from fresh work, so throughput work is never displaced.
+    """
+    pool: dict[int, list[WorkingWorker]] = {}
+    for version, ws in workers_by_version.items():
+        waiting = sum(
+            1 for v, items in pending if v == version for p in items if p.id not in placed
+        )
+        if not waiting:
+            pool[version] = list(ws)
+            continue
+        if moves is None or moves.migration != "kv":
+            held = {w.id for w in heapq.nsmallest(waiting, ws, key=_roomiest_first)}
+        else:
+            held = _hold_by_group(ws, pending, version, placed, moves)
+        pool[version] = [w for w in ws if w.id not in held]
+    return pool
+
+
+def _hold_by_group(
+    ws: Sequence[WorkingWorker],
+    pending: Sequence[tuple[int, Sequence[PendingTrajectory]]],
+    version: int,
+    placed: Container[str],
+    moves: MoveRule,
+) -> set[str]:
+    """Under migration kv a trajectory can use only its source's group: it holds the
+    roomiest worker of that group (those that may go anywhere hold from what is left)."""
+    needs = Counter(
+        moves.restriction(p) or ""
+        for v, items in pending
+        if v == version
+        for p in items
+        if p.id not in placed
+    )
+    held: set[str] = set()
+    for group, n in sorted(needs.items(), key=lambda kv: (not kv[0], kv[0])):
+        free = [w for w in ws if w.id not in held and (not group or w.view.transfer_group == group)]
+        held.update(w.id for w in heapq.nsmallest(n, free, key=_roomiest_first))
+    return held
+
+
+def _roomiest_first(w: WorkingWorker) -> tuple[int, str]:
+    return (w.floor() - w.headroom, w.id)

@@ -1,0 +1,298 @@
+"""What a policy sees of the pool in one control cycle.
+
+The snapshot is the scheduler's whole input (with the policy's own state): the control
+loop, the simulator and tests build it; nothing in it talks to a worker. It holds ids and
+lengths only, never tokens (DESIGN.md, "Where token state lives").
+
+Construction normalises once what every cycle would otherwise redo: residents are kept
+longest first, pending trajectories and fresh samples shortest first, and each worker
+knows its resident KV. Building a snapshot is the observer's cost; planning over it is the
+policy's (the scheduler bench reports both).
+"""
+
+from __future__ import annotations
+
+# `_operator` is the C module behind the standard `operator`; imported by that name because
+# type checkers run from the repository root see this repository's operator/ folder.
+from _operator import attrgetter
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Literal
+
+from cadence.scheduler.cost import StepCost
+from cadence.scheduler.errors import ConfigError
+
+# How a departed trajectory moves to another worker: auto pulls its KV blocks where the
+# pair's layouts match (same transfer group) and re-prefills otherwise; kv moves it only
+# to a worker that can pull them; reprefill never pulls.
+Migration = Literal["auto", "kv", "reprefill"]
+
+
+@dataclass(frozen=True, slots=True)
+class Resident:
+    """A trajectory decoding on a worker.
+
+    `context` is the KV it holds in tokens (prompt + generated so far);
+    `decoded_since_placement` counts tokens decoded on this worker since it was placed
+    there (the anti-thrash rule reads it).
+    """
+
+    id: str
+    context: int
+    decoded_since_placement: int
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerView:
+    """One worker as observed: it serves exactly one policy version at a time.
+
+    `version` is None for a worker that holds no weights yet (new or replacement).
+    `residents` are stored longest first (ties by id), whatever order they came in.
+    `max_seqs` is the engine's sequence limit (vLLM `max_num_seqs`), None if unknown;
+    `cost` its decode and prefill cost, None if unknown (then KV alone decides).
+    """
+
+    id: str
+    accelerator: str
+    affinity: int
+    version: int | None
+    capacity: int
+    residents: tuple[Resident, ...] = ()
+    draining: bool = False
+    max_seqs: int | None = None
+    cost: StepCost | None = None
+    # Workers with the same (non-None) transfer group have identical KV layouts (model,
+    # dtype, block size, parallel layout, accelerator type) and can pull each other's KV
+    # blocks; a move between any other pair re-prefills on the destination.
+    transfer_group: str | None = None
+    used: int = field(init=False)
+    # Residents' contexts and tokens decoded since placement, shortest first: the
+    # concentration rule's "residents shorter than the incoming trajectory" reads these.
+    contexts_ascending: tuple[int, ...] = field(init=False, repr=False)
+    decoded_ascending: tuple[int, ...] = field(init=False, repr=False)
+    least_decoded: int = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.capacity <= 0:
+            raise ConfigError(f"worker {self.id} has KV capacity {self.capacity}; it must be > 0")
+        if self.max_seqs is not None and self.max_seqs < 1:
+            raise ConfigError(f"worker {self.id} has max_seqs {self.max_seqs}; it must be >= 1")
+        # Longest first, ties by id: two stable C-level sorts, cheaper than one keyed in Python.
+        by_id = sorted(self.residents, key=_ID)
+        ordered = tuple(sorted(by_id, key=_CONTEXT, reverse=True))
+        contexts = tuple(map(_CONTEXT, reversed(ordered)))
+        object.__setattr__(self, "residents", ordered)
+        object.__setattr__(self, "used", sum(contexts))
+        object.__setattr__(self, "contexts_ascending", contexts)
+        decoded = tuple(map(_DECODED, reversed(ordered)))
+        object.__setattr__(self, "decoded_ascending", decoded)
+        object.__setattr__(self, "least_decoded", min(decoded, default=0))
+
+    @property
+    def headroom(self) -> int:
+        """H_w: KV capacity minus resident KV, in tokens."""
+        return self.capacity - self.used
+
+
+@dataclass(frozen=True, slots=True)
+class PendingTrajectory:
+    """A started trajectory in P_v: departed, or waiting for its environment.
+
+    `placeable` is False while it waits for an environment observation. `parked_on` is
+    the worker holding its state: policies that send a trajectory back where it was
+    (verl's multi-turn requests stick to their server) read it, and the move rule
+    (`moves.py`) reads its transfer group: whether a destination can pull the KV.
+    """
+
+    id: str
+    version: int
+    context: int
+    since: float
+    placeable: bool = True
+    parked_on: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class FreshSample:
+    """An admitted sample that has not started: unbound to any version yet.
+
+    `group` is the admission index of its prompt group; its batch is `group // B`.
+    """
+
+    id: str
+    group: int
+    prompt_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """Admission counters: groups admitted so far, groups per batch B, and the total."""
+
+    groups_admitted: int
+    batch_size: int
+    total_groups: int
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1:
+            raise ConfigError(f"batch size B is {self.batch_size}; it must be at least 1")
+        if self.total_groups < 0 or self.groups_admitted < 0:
+            raise ConfigError("admission counters must not be negative")
+        if self.groups_admitted > self.total_groups:
+            raise ConfigError(
+                f"{self.groups_admitted} groups admitted exceeds the total of {self.total_groups}"
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class Knobs:
+    """The scheduling knobs of a TrainingRun.
+
+    h_min: headroom floor (tokens); delta: per-resident decode reserve (tokens);
+    eta: staleness bound (versions); min_decode: anti-thrash minimum, the tokens a
+    trajectory decodes after a placement before it may be evicted again (>= 1, so every
+    move buys progress); concentrate_without_fresh: start concentration even when no newer
+    version has fresh work for the emptied source (an experiment switch, off by default).
+
+    auto_h_min / auto_delta: derive the floor and the reserve per worker each cycle from
+    its step cost and `control_period_s` (see `thresholds`); `h_min` and `delta` are then
+    what sizes the pool (every worker holds max_model_len + h_min + delta) and what a
+    worker of unknown cost gets.
+    """
+
+    h_min: int
+    delta: int
+    eta: int
+    min_decode: int = 64
+    concentrate_without_fresh: bool = False
+    auto_h_min: bool = False
+    auto_delta: bool = False
+    control_period_s: float = 1.0
+    migration: Migration = "auto"
+
+    def __post_init__(self) -> None:
+        if self.h_min < 0:
+            raise ConfigError(f"h_min is {self.h_min}; it must be >= 0")
+        if self.delta < 0:
+            raise ConfigError(f"delta is {self.delta}; it must be >= 0")
+        if self.eta < 0:
+            raise ConfigError(f"eta is {self.eta}; it must be >= 0")
+        if self.min_decode < 1:
+            raise ConfigError(
+                f"the anti-thrash minimum is {self.min_decode}; it must be >= 1 "
+                "or a trajectory could be moved forever without progress"
+            )
+        if not 0.0 < self.control_period_s < float("inf"):
+            raise ConfigError(
+                f"the control period is {self.control_period_s} s; it must be finite and > 0"
+            )
+
+    @classmethod
+    def from_spec(
+        cls,
+        h_min: int | Literal["auto"],
+        delta: int | Literal["auto"],
+        *,
+        sizing: tuple[int, int],
+        eta: int,
+        min_decode: int,
+        concentrate_without_fresh: bool,
+        control_period_s: float,
+        migration: Migration = "auto",
+    ) -> Knobs:
+        """Knobs from a spec whose floor and reserve are pinned tokens or "auto": auto is
+        derived per worker each cycle, and `sizing` (floor, reserve) sizes the pool."""
+        return cls(
+            h_min=sizing[0] if h_min == "auto" else h_min,
+            delta=sizing[1] if delta == "auto" else delta,
+            eta=eta,
+            min_decode=min_decode,
+            concentrate_without_fresh=concentrate_without_fresh,
+            auto_h_min=h_min == "auto",
+            auto_delta=delta == "auto",
+            control_period_s=control_period_s,
+            migration=migration,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Transfer:
+    """What a KV pull between two workers of one transfer group costs: the model's KV
+    bytes per token of context, and the link's bytes per second. The simulator fills it
+    from its catalog; a snapshot without one ranks moves by kind alone (`moves.py`)."""
+
+    kv_bytes_per_token: float
+    link_bytes_per_s: float
+
+    def __post_init__(self) -> None:
+        for name in ("kv_bytes_per_token", "link_bytes_per_s"):
+            value = getattr(self, name)
+            if not 0.0 < value < float("inf"):
+                raise ConfigError(f"transfer {name} is {value}; it must be finite and > 0")
+
+    def pull_s(self, tokens: int) -> float:
+        """Seconds to pull `tokens` of KV over the link."""
+        return tokens * self.kv_bytes_per_token / self.link_bytes_per_s
+
+
+# C-level key getters: snapshots sort tens of thousands of items every cycle.
+_ID = attrgetter("id")
+_CONTEXT = attrgetter("context")
+_DECODED = attrgetter("decoded_since_placement")
+_PENDING_ORDER = attrgetter("context", "id")
+_FRESH_ORDER = attrgetter("prompt_tokens", "id")
+
+
+def worker_order(wid: str) -> tuple[str, int]:
+    """Sort key of worker ids: the name, then its trailing ordinal as a number (h800-2
+    before h800-10, as a pool's groups number their workers)."""
+    head, _, tail = wid.rpartition("-")
+    return (head, int(tail)) if head and tail.isdigit() else (wid, -1)
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """The pool at time `now`, plus the run's counters and knobs.
+
+    `pending` is every P_v together (each item names its version); `fresh` is the pool of
+    admitted, unstarted samples. Derived indexes (pending by version, shortest first, all
+    and placeable only; fresh samples by batch, shortest first) are built once here.
+    `workers` are put in `worker_order`: a policy that breaks ties by position
+    (round-robin dispatch, first fit) then chooses alike in the control loop and in the
+    simulator, whatever order the pool lists its groups in.
+    """
+
+    now: float
+    workers: tuple[WorkerView, ...]
+    pending: tuple[PendingTrajectory, ...]
+    fresh: tuple[FreshSample, ...]
+    newest_version: int
+    admission: Admission
+    knobs: Knobs
+    seed: int = 0
+    transfer: Transfer | None = None
+    pending_by_version: Mapping[int, tuple[PendingTrajectory, ...]] = field(init=False)
+    placeable_by_version: Mapping[int, tuple[PendingTrajectory, ...]] = field(init=False)
+    placeable_contexts: Mapping[int, tuple[int, ...]] = field(init=False)
+    fresh_by_batch: Mapping[int, tuple[FreshSample, ...]] = field(init=False)
+
+    def __post_init__(self) -> None:
+        if self.newest_version < 0:
+            raise ConfigError(f"newest version is {self.newest_version}; it must be >= 0")
+        ordered = tuple(sorted(self.workers, key=lambda w: worker_order(w.id)))
+        object.__setattr__(self, "workers", ordered)
+        grouped: dict[int, list[PendingTrajectory]] = {}
+        for p in self.pending:
+            grouped.setdefault(p.version, []).append(p)
+        by_version = {v: tuple(sorted(ps, key=_PENDING_ORDER)) for v, ps in grouped.items()}
+        placeable = {v: tuple(p for p in ps if p.placeable) for v, ps in by_version.items()}
+        by_batch: dict[int, list[FreshSample]] = {}
+        for f in sorted(self.fresh, key=_FRESH_ORDER):
+            by_batch.setdefault(f.group // self.admission.batch_size, []).append(f)
+        object.__setattr__(self, "pending_by_version", MappingProxyType(by_version))
+        object.__setattr__(self, "placeable_by_version", MappingProxyType(placeable))
+        contexts = {v: tuple(p.context for p in ps) for v, ps in placeable.items()}
+        object.__setattr__(self, "placeable_contexts", MappingProxyType(contexts))
+        object.__setattr__(
+            self, "fresh_by_batch", MappingProxyType({b: tuple(fs) for b, fs in by_batch.items()})
+        )
