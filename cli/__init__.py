@@ -5,6 +5,7 @@
 - services: `worker`, `trainer` and `environment`, the services a deployment starts;
 - kube: `operator` and `crds`, the Kubernetes side;
 - bench: every `bench ...` benchmark;
+- docs: `docs`, the manual's generated reference pages;
 - common: what they share.
 
 Every subcommand reports bad input the same way: one sentence on stderr and exit status
@@ -20,7 +21,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from cadence.cli import bench, kube, run, services, sim
+from cadence.cli import bench, docs, kube, run, services, sim
 from cadence.cli.common import PROG, Parser, RunFailed, UsageError
 from cadence.scheduler import ConfigError
 from cadence.sim.core import StallError
@@ -44,6 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     kube.add_operator(sub)
     kube.add_crds(sub)
     kube.add_dev(sub)
+    docs.add_docs(sub)
     services.add_environment(sub)
     bench.add_bench(sub)
     return parser

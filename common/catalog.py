@@ -1,6 +1,6 @@
 """Accelerators and models the simulator knows by name, with where each figure came from.
 
-Every figure carries its source letter, as CATALOG.md does: V vendor, T third party,
+Every figure carries its source letter: V vendor, T third party,
 D derived from vendor configuration, E estimate (the note says its basis). A reader can
 tell a datasheet from a guess, and a scenario can override any of them.
 """
@@ -40,7 +40,7 @@ class Accelerator:
 
 @dataclass(frozen=True, slots=True)
 class Model:
-    """A dense or MoE decoder, from its config.json (CATALOG.md, source D)."""
+    """A dense or MoE decoder, from its config.json (source D)."""
 
     name: str
     layers: int

@@ -1,9 +1,9 @@
 """The simulator's physics: how long a decode step, a prefill and a KV transfer take.
 
-Roofline models, as llm-analysis, LLM-Viewer, GenZ and Vidur use them (CATALOG.md,
-"Decode and prefill time"): a decode step reads the weights once plus the KV of every
-resident, over the effective HBM bandwidth, and is bounded below by its compute; a
-prefill is compute-bound. Efficiencies are parameters with the defaults cited below.
+Roofline models, as llm-analysis, LLM-Viewer, GenZ and Vidur use them (the figures and
+their sources: docs/reference/catalog.md): a decode step reads the weights once plus the
+KV of every resident, over the effective HBM bandwidth, and is bounded below by its
+compute; a prefill is compute-bound. Efficiencies are parameters with the defaults cited below.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from cadence.common.catalog import Accelerator, Figure, Model
 
-# Defaults, each with its source (CATALOG.md):
+# Defaults, each with its source:
 BANDWIDTH_EFFICIENCY = Figure(0.75, "T", "calibrated simulators use 0.70-0.78 (A100, H100)")
 PREFILL_MFU = Figure(0.6, "T", "calibrated simulators use 0.55-0.68")
 DECODE_MFU = Figure(0.6, "E", "as prefill; the compute floor rarely binds in decode")

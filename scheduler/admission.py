@@ -3,7 +3,7 @@
 Groups are numbered in admission order and batch u is groups [u*B, (u+1)*B). The k-th
 group may be admitted only while k < (v + eta + 1) * B for the newest published version v,
 and a sample of batch u may start only on a worker serving a version >= u - eta. Together
-these keep every sample of batch u generated under a version >= u - eta (DESIGN.md,
+these keep every sample of batch u generated under a version >= u - eta (docs/architecture.md,
 "Admission and staleness").
 """
 
@@ -54,8 +54,8 @@ class ShortEnd:
     def exhausted(self, version: int) -> bool:
         """exhausted(v): no fresh sample a worker of v may start is waiting or admissible now.
 
-        DESIGN.md words the second half as "the admission bound allows no further group
-        now". Read literally, a group admissible now but of a batch too new for v would keep
+        The architecture words the second half as "the admission bound allows no further
+        group now". Read literally, a group admissible now but of a batch too new for v would keep
         v un-exhausted although it can never reach v's workers; what serves the intent is
         whether any admissible group could start on v, which is what is checked here.
         """

@@ -65,7 +65,7 @@ class CadencePolicy:
     started: the paper's cycle "restores headroom, then places pending work into the
     resulting gaps", and the floor is restored "before new work is admitted". Each pass
     runs shortest first by tight fit. `fresh="merged"` puts fresh samples into the same
-    ascending order as P_v, DESIGN.md's literal reading; then fresh work (the shortest)
+    ascending order as P_v, the paper's literal reading; then fresh work (the shortest)
     always goes first and a departed trajectory waits until its version's short end is
     exhausted. On seed-16A16B8H that reading more than doubled P95 at equal throughput
     (docs/results.md), so it is kept only as an ablation.

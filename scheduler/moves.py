@@ -1,6 +1,6 @@
 """What moving a departed trajectory to a worker is, and what it costs.
 
-A departed trajectory's state stays parked on its source (DESIGN.md, "Where token state
+A departed trajectory's state stays parked on its source (docs/architecture.md, "Where token state
 lives"); a placement elsewhere either pulls its KV blocks from the source, which only a
 worker of the source's transfer group can do (same model, dtype, block size, parallel
 layout and accelerator type), or re-prefills its whole context on the destination. A

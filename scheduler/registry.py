@@ -1,6 +1,7 @@
 """Policies by the names the command line and the resources use, and the settings each
-baseline's unknown parameters are swept over (BASELINES.md: where a source leaves a
-parameter unknown, the comparison takes the baseline at its best setting)."""
+baseline's unknown parameters are swept over (docs/concepts.md, "The baselines": where a
+source leaves a parameter unknown, the comparison takes the baseline at its best
+setting)."""
 
 from __future__ import annotations
 

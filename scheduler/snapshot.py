@@ -2,7 +2,7 @@
 
 The snapshot is the scheduler's whole input (with the policy's own state): the control
 loop, the simulator and tests build it; nothing in it talks to a worker. It holds ids and
-lengths only, never tokens (DESIGN.md, "Where token state lives").
+lengths only, never tokens (docs/architecture.md, "Where token state lives").
 
 Construction normalises once what every cycle would otherwise redo: residents are kept
 longest first, pending trajectories and fresh samples shortest first, and each worker

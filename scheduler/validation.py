@@ -2,7 +2,7 @@
 
 A trajectory may reach `max_model_len` tokens. If some group's workers cannot hold one
 that long above `h_min + delta` even when it is alone, a trajectory of a version that only
-such workers serve could be stranded in P_v for ever (DESIGN.md, "Headroom and
+such workers serve could be stranded in P_v for ever (docs/architecture.md, "Headroom and
 thresholds"), so the configuration is invalid.
 """
 

@@ -1,5 +1,5 @@
 """Run one scenario under several policies, each at given settings or at its best over a
-sweep of the parameters its source leaves unknown (BASELINES.md)."""
+sweep of the parameters its source leaves unknown (docs/concepts.md, "The baselines")."""
 
 from __future__ import annotations
 

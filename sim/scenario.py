@@ -194,11 +194,11 @@ class Physics(_Strict):
     memory_utilisation: float = Field(default=0.9, gt=0, le=1)
     reserve_gb: float = Field(default=2.0, ge=0, le=1e4)
     # The KV a worker must hold; by default what no stranding needs:
-    # max_model_len + h_min + delta (DESIGN.md, "Headroom and thresholds").
+    # max_model_len + h_min + delta (docs/architecture.md, "Headroom and thresholds").
     min_kv_tokens: int | None = Field(default=None, ge=1, le=MAX_TOKENS * 4)
     max_batch: int = Field(default=256, ge=1, le=65_536)
     # The paper's testbed: 8 x 200 Gbps RDMA in a cluster (one 200G NIC is 21.7 GB/s
-    # measured, CATALOG.md), a 20 Gbps link across clusters.
+    # measured), a 20 Gbps link across clusters.
     intra_cluster_gb_s: float = Field(default=21.7, ge=1e-3, le=1e9)
     inter_cluster_gb_s: float = Field(default=2.5, ge=1e-3, le=1e9)
     # The KV link exists: workers of one transfer group (model, accelerator type,
@@ -368,7 +368,7 @@ class Trainer(_Strict):
     weights_link_gb_s: float = Field(default=2.5, ge=1e-3, le=1e9)  # trainer to the pool
 
 
-# What the pool is sized for when h_min or delta is auto: DESIGN.md's defaults.
+# What the pool is sized for when h_min or delta is auto: the architecture's defaults.
 SIZING_H_MIN = 2_048
 SIZING_DELTA = 512
 

@@ -4,7 +4,7 @@ Response lengths follow a law, capped at the room `max_model_len` leaves after t
 and correlated within a prompt's group (a hard prompt makes every sample long):
 
 - `LengthModel`, the default: a lognormal body; each group draws its own log-median, each
-  sample its own spread around it. Published shape targets (CATALOG.md, "Workload
+  sample its own spread around it. Published shape targets (docs/simulator.md, "Workload
   shape"): p99 about 10x the median, and the slowest 10% of trajectories taking about
   half of a rollout's wall time. `shape_of` reports what a generated workload gives.
 - `MixtureLengths`: several lognormal components (reasoning workloads mix short answers

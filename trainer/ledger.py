@@ -1,6 +1,6 @@
 """The ledger: the dataset cursor and every admitted sample's record, in SQLite.
 
-It is the one durable account of the rollout (DESIGN.md, "Ledger"): everything else (the
+It is the one durable account of the rollout (docs/architecture.md, "Ledger"): everything else (the
 control loop's view, the workers' residents) can be rebuilt from it and from the
 workers. Each sample has one current attempt; only that attempt's delivery is accepted,
 once. A sample the ledger shows in flight that no worker holds is re-queued from its
@@ -493,7 +493,7 @@ class Ledger:
 
     def lag_counts(self) -> dict[int, int]:
         """Consumed samples by staleness: batch minus the version that generated them.
-        With bound eta every key lies in [0, eta] (DESIGN.md)."""
+        With bound eta every key lies in [0, eta] (docs/architecture.md)."""
         rows = self.db.execute(
             "SELECT batch - version, COUNT(*) FROM samples WHERE state = 'consumed' "
             "GROUP BY batch - version ORDER BY 1"

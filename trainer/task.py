@@ -6,7 +6,8 @@ writes (spaces left out) that are "7". It is verifiable, graded (most groups hav
 variance for GRPO to use) and learnable by a tiny random-weight model in about ten
 versions: a random model writes a seven about one character in twenty, and the policy
 only has to move its mass onto the vocabulary's sevens ("7", "77", " 77", ...). A
-learning rate of 0 leaves it where it started, which is the control (README, Results).
+learning rate of 0 leaves it where it started, which is the control
+(docs/benchmarks.md, "Learning").
 
 `arithmetic` pairs calculator-style questions with their answers for the `math`
 verifier (and the calculator environment on multi-turn runs).

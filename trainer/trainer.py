@@ -97,7 +97,7 @@ class Trainer:
     # --- admission and ingest ----------------------------------------------------------
 
     def admission_limit(self) -> int:
-        """Groups the staleness bound allows now (DESIGN.md): k < (v + eta + 1) * B."""
+        """Groups the staleness bound allows now (docs/architecture.md): k < (v + eta + 1) * B."""
         bound = (self.ledger.version + self.config.eta + 1) * self.config.batch_groups
         return min(bound, self.total_groups)
 

@@ -1,7 +1,8 @@
 """The worker's HTTP API, version 1: the pydantic models the service validates with and
 the typed client sends, so both sides share one definition of every body.
 
-The control plane carries ids and lengths only (DESIGN.md, "Where token state lives"):
+The control plane carries ids and lengths only (docs/architecture.md, "Where token state
+lives"):
 an eviction answers with metadata, a placement of a departed trajectory names the worker
 that holds it parked, and the destination pulls the token state from there itself. Every
 placement carries an attempt number; a worker drops attempts older than the newest it has
@@ -339,7 +340,7 @@ class AdvanceRequest(_Body):
 class Delivery(_Body):
     """A finished trajectory on its way to the trainer's ingest endpoint. The pair
     (id, attempt) is its idempotency key: the trainer accepts each once, and only the
-    current attempt of each sample (DESIGN.md, "Fencing")."""
+    current attempt of each sample (docs/architecture.md, "Fencing")."""
 
     id: TrajectoryId
     attempt: Attempt

@@ -3,7 +3,8 @@
 This is the worker without HTTP: the service (`app.py`) maps each endpoint onto one
 method here, and tests drive it directly with a fake clock and an emulated engine.
 
-Rules kept here (DESIGN.md, "Where token state lives" and "Fencing"):
+Rules kept here (docs/architecture.md, "Where token state lives" and
+"Fencing"):
 - a trajectory is resident on at most one worker: a destination pulls a departed
   trajectory's state from the worker it is parked on under a lease, starts it, then
   acknowledges, and only then does the source release it; a destination that dies before

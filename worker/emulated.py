@@ -33,7 +33,7 @@ from cadence.worker.api import Pace, StepCostInfo
 from cadence.worker.engine import Clock, EngineRequest, MonotonicClock, PullOutcome, RoomError
 
 # The modelled intra-cluster link a pull crosses: one 200G NIC, 21.7 GB/s measured
-# (CATALOG.md), as the simulator's default.
+# (docs/reference/catalog.md), as the simulator's default.
 LINK_BYTES_PER_S = 21.7e9
 
 

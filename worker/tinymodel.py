@@ -1,7 +1,7 @@
 """A tiny random-weight Llama with a tokenizer trained here, for tests, `cadence run` on a
 laptop and vLLM on CPU. Nothing can be fetched from a model hub on these machines, and
 nothing needs to be: the shapes below are the smallest vLLM's CPU attention accepts
-(head_dim 64, see ../shared/notes/vllm-cpu.md).
+(head_dim 64: vLLM's CPU attention kernels take no smaller).
 """
 
 from __future__ import annotations

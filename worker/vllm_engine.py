@@ -3,7 +3,7 @@
 It offers the worker the same surface as the emulated engine (`add`, `abort`, `step`,
 token accounting), so `WorkerCore` cannot tell them apart:
 - a departure is an abort; the tokens (and logprobs) a request produced are recorded
-  here as they stream, since vLLM's abort returns nothing (../shared/notes/vllm-cpu.md);
+  here as they stream, since vLLM's abort returns nothing;
 - a resume is a new request whose prompt is the old prompt plus every generated token,
   with prefix caching on, so a return to a worker that still caches the prefix is cheap;
 - KV capacity is what vLLM allocated (`num_gpu_blocks x block_size`); KV use is the
@@ -13,7 +13,7 @@ token accounting), so `WorkerCore` cannot tell them apart:
 - each placement gets its own vLLM request id (`<id>#<n>`): an id is never reused;
 - a new policy version loads in place through `collective_rpc` into the engine process
   (`vllm_extension.WeightLoader`), then the prefix cache is reset;
-- with KV transfer on (vLLM's NixlConnector, ../shared/notes/kv-transfer-nixl.md), a
+- with KV transfer on (vLLM's NixlConnector), a
   departed trajectory's KV can be pulled by a worker of the same layout. Its segment ended
   by an abort, which frees the blocks, so `export` submits the context again as a
   one-token request that the connector keeps exportable: the prefix cache still holds

@@ -1,4 +1,5 @@
-"""The control loop: the I/O shell around the pure scheduler (DESIGN.md, "Boundaries").
+"""The control loop: the I/O shell around the pure scheduler (docs/architecture.md,
+"Boundaries").
 
 Every period it reads the trainer's ledger and observes every worker (`GET /v1/state`,
 or a host's `GET /v1/states`, all concurrently, with a timeout), reconciles the two,

@@ -734,7 +734,7 @@ def choose_for_scale_in(
     count: int,
     others: Sequence[WorkerView] = (),
 ) -> list[str]:
-    """Up to `count` of `workers` to remove, one at a time (DESIGN.md): never the last
+    """Up to `count` of `workers` to remove, one at a time (docs/architecture.md): never the last
     non-source worker of a version with unfinished work, counting the pool's `others`
     too; among the rest, pods that are not ready (pending, unready, silent) first, then a
     concentration source, then the emptiest (fewest resident tokens), then by name.

@@ -1,6 +1,6 @@
 """AReaL-like: partial rollout with weight-switch resumption.
 
-Source: BASELINES.md (arXiv 2505.24298; inclusionAI/AReaL). Samples are dispatched round
+Source: the AReaL paper (arXiv 2505.24298) and inclusionAI/AReaL. Samples are dispatched round
 robin, each its own request, its server fixed. After each training step every server is
 paused: running and waiting requests are aborted and the KV cache cleared, the new
 weights are loaded, and each aborted request is resubmitted to the same server as

@@ -1,7 +1,7 @@
 """DORA-like: each instance group serves one version; groups are rebalanced across
 versions by demand.
 
-Source: BASELINES.md (Meituan, arXiv 2604.26256); the paper's DORA* is a simplified
+Source: DORA (Meituan, arXiv 2604.26256); the paper's DORA* is a simplified
 version, and the paper excludes it from heterogeneous pools because its reallocation
 model assumes identical hardware. Here each worker is one instance group. New samples go
 to the newest version; older versions only take work into idle slots. After each training

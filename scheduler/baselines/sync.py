@@ -1,6 +1,6 @@
 """Sync and One-off: verl's synchronous loop and its one-step-off-policy variant.
 
-Source: BASELINES.md (verl). Each step takes B prompts x n samples and sends each sample to
+Source: verl's trainer loops. Each step takes B prompts x n samples and sends each sample to
 the server with the fewest requests assigned so far; multi-turn requests stick to their
 server; nothing is interrupted or migrated.
 

@@ -34,7 +34,7 @@ def test_grpo_learns_the_digits_task_on_two_vllm_workers(
     assert result["ledger"] == {"consumed": 12 * 64, "failed": 0}  # every sample, once
     assert result["lag_counts"] == {0: 12 * 64}  # eta = 0: synchronous
     assert result["action_errors"] == 0
-    # vLLM serves in bfloat16, the trainer recomputes in float32 (see the README). The
+    # vLLM serves in bfloat16, the trainer recomputes in float32 (see docs/benchmarks.md). The
     # largest single-token gap depends on the CPU's kernels: 0.55 was seen with vLLM's AMX
     # attention (a Xeon with AMX), under 0.5 without it; the mean stays small on both.
     assert float(str(result["logprob_diff_mean"])) < 0.05

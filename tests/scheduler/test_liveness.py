@@ -32,7 +32,7 @@ def test_regression_first_source_alone_on_the_newest_version() -> None:
     literally, the paper's source rule ("the weakest affinity among workers still serving
     v") then makes that lone worker the departure-only source of its new version once its
     short end runs out: what it departs has no other worker to go to and it can never
-    empty, so the batch never completes and training stops. DESIGN.md's "provided another
+    empty, so the batch never completes and training stops. The architecture's "provided another
     worker of v remains" is what keeps this run alive."""
     cfg = ToyConfig(
         workers=[ToyWorker("weak", 600, affinity=0), ToyWorker("strong", 600, affinity=1)],

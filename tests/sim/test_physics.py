@@ -1,4 +1,4 @@
-"""Fidelity of the simulator's physics against published anchors (CATALOG.md)."""
+"""Fidelity of the simulator's physics against published anchors."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ def test_kv_bytes_per_token_match_the_catalog(model: str, kv_bytes: int) -> None
 
 
 def test_weights_only_decode_floor_of_qwen3_8b_on_h800() -> None:
-    """CATALOG.md: about 6.5 ms per step at 75% of 3.35 TB/s (16.4 GB of weights)."""
+    """Published: about 6.5 ms per step at 75% of 3.35 TB/s (16.4 GB of weights)."""
     d = deploy(MODELS["Qwen3-8B"], ACCELERATORS["H800"], min_kv_tokens=1)
     no_overhead = Efficiency(bandwidth=0.75, step_overhead_s=0.0)
     step = type(d)(d.model, d.accelerator, d.tp, d.kv_capacity_tokens, no_overhead)
@@ -57,11 +57,11 @@ def test_smallest_tp_that_leaves_the_minimum_kv() -> None:
 
 
 def test_transfer_over_the_inter_cluster_link() -> None:
-    """CATALOG.md: Qwen3-8B at 8K context is 1.21 GB; 0.48 s over 20 Gbps (2.5 GB/s)."""
+    """Published: Qwen3-8B at 8K context is 1.21 GB; 0.48 s over 20 Gbps (2.5 GB/s)."""
     assert transfer_s(8192, MODELS["Qwen3-8B"], 2.5e9) == pytest.approx(0.48, rel=0.02)
 
 
 def test_re_prefill_of_8k_on_h800_is_a_fraction_of_a_second() -> None:
-    """CATALOG.md estimates 0.28 s (E) for Qwen3-8B, 8K context, on an H800."""
+    """Estimated: 0.28 s (E) for Qwen3-8B, 8K context, on an H800."""
     d = deploy(MODELS["Qwen3-8B"], ACCELERATORS["H800"], min_kv_tokens=1)
     assert 0.1 < d.prefill_s(8192) < 0.5

@@ -258,7 +258,7 @@ def test_a_run_trains_on_pods_the_kubelet_runs_from_their_specs(
             capture_output=True,
             text=True,
         ).stdout
-        print(shown)  # the README quotes it
+        print(shown)  # docs/kubernetes.md quotes it
         worker = next(p for p in ready if p["metadata"]["name"] == "mixed-h800-0")
         scraped += httpx.get(
             f"http://{worker['status']['podIP']}:{children.CONTROL_PORT}/metrics"

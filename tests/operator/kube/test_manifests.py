@@ -195,7 +195,7 @@ def test_the_hpa_scales_a_rollout_group_the_example_pool_creates() -> None:
     names = {g.metadata.name for g in groups_of(RolloutPool.model_validate(doc))}
     target = hpa["spec"]["scaleTargetRef"]
     assert target["kind"] == "RolloutGroup" and target["name"] in names
-    # The namespace the README applies the example to.
+    # The namespace the install guide applies the example to.
     assert hpa["metadata"]["namespace"] == "cadence-system"
     assert target["apiVersion"] == "cadence.dev/v1alpha1"
 
@@ -229,7 +229,7 @@ def test_users_get_cadence_through_the_clusters_view_and_edit_roles() -> None:
 
 def test_every_place_names_the_image_of_this_version() -> None:
     """The Containerfile's image is `cadence:<package version>`: the Deployment, the
-    examples, the CRD's default and the README name that one, never `latest`."""
+    examples, the CRD's default and the install guide name that one, never `latest`."""
     version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
     image = f"cadence:{version}"
     assert image == IMAGE == RolloutPoolSpec.model_fields["image"].default
@@ -239,7 +239,10 @@ def test_every_place_names_the_image_of_this_version() -> None:
         d for d in yaml.safe_load_all((MANIFESTS / "examples" / "heterogeneous.yaml").read_text())
     )
     assert pool["spec"]["image"] == image and run["spec"]["trainer"]["image"] == image
-    for text in ((ROOT / "README.md").read_text(), (ROOT / "Containerfile").read_text()):
+    for text in (
+        (ROOT / "docs" / "kubernetes.md").read_text(),
+        (ROOT / "Containerfile").read_text(),
+    ):
         assert f"-t {image} ." in text and ":latest" not in text
 
 

@@ -496,7 +496,7 @@ def test_kubectl_shows_the_columns(cluster: str, tmp_path: Path) -> None:
         capture_output=True,
         text=True,
     ).stdout
-    print(out)  # the README quotes it
+    print(out)  # docs/kubernetes.md quotes it
     lines = [line.split() for line in out.splitlines() if line.strip()]
     assert lines[0] == ["NAME", "READY", "WORKERS", "RUN", "VERSIONS", "TOK/S", "DEGRADED", "AGE"]
     assert lines[1][0] == "rolloutpool.cadence.dev/mixed"
