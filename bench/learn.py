@@ -20,7 +20,8 @@ import time
 from pathlib import Path
 from typing import Literal
 
-from cadence.operator.control.loop import ControlLoop, LoopConfig
+from cadence.operator.control.config import LoopConfig
+from cadence.operator.control.loop import ControlLoop
 from cadence.operator.local.processes import serve_trainer, worker_processes
 from cadence.scheduler.cadence import CadencePolicy
 from cadence.scheduler.snapshot import Knobs
@@ -29,12 +30,12 @@ from cadence.trainer.config import TrainerConfig
 from cadence.trainer.trainer import Trainer
 from cadence.worker.tinymodel import make_tiny_llama
 
-Engine = Literal["vllm", "emulated"]
+EngineKind = Literal["vllm", "emulated"]
 ACCELERATORS = ("H800", "A910X")
 
 
 def _workers(
-    n: int, engine: Engine, model: Path, trainer_url: str, *, token: str, workdir: Path
+    n: int, engine: EngineKind, model: Path, trainer_url: str, *, token: str, workdir: Path
 ) -> contextlib.AbstractContextManager[dict[str, str]]:
     def args(wid: str) -> list[str]:
         i = int(wid[1:])
@@ -57,7 +58,7 @@ def _workers(
 async def learn(
     workdir: Path,
     *,
-    engine: Engine = "vllm",
+    engine: EngineKind = "vllm",
     workers: int = 2,
     learning_rate: float = 2e-2,
     iterations: int = 20,
@@ -97,7 +98,13 @@ async def learn(
 
 
 async def _run(
-    trainer: Trainer, trainer_url: str, token: str, workdir: Path, *, engine: Engine, workers: int
+    trainer: Trainer,
+    trainer_url: str,
+    token: str,
+    workdir: Path,
+    *,
+    engine: EngineKind,
+    workers: int,
 ) -> dict[str, object]:
     config = trainer.config
     iterations, eta = config.iterations, config.eta

@@ -24,9 +24,10 @@ from cadence.common.physics import deploy
 from cadence.worker.api import FreshStart, PlaceRequest, Sampling
 from cadence.worker.app import create_app
 from cadence.worker.client import Peers, WorkerClient
-from cadence.worker.core import Identity, WorkerCore
+from cadence.worker.core import WorkerCore
 from cadence.worker.emulated import EmulatedEngine
 from cadence.worker.engine import MonotonicClock
+from cadence.worker.held import Identity
 from cadence.worker.tinymodel import make_tiny_llama
 from cadence.worker.torchsource import TorchTokenSource
 

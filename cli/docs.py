@@ -60,12 +60,13 @@ def _fields(node: dict[str, Any], path: str) -> Iterator[tuple[str, dict[str, An
 
 def resources_page() -> str:
     """Every field of the three kinds, from their CRDs' schemas."""
+    from cadence.operator.api.resources import GROUP, VERSION  # noqa: PLC0415
     from cadence.operator.kube import crds  # noqa: PLC0415
 
     out = [
         HEADER.format(source="the resources' models (operator/api/resources.py)"),
         "# Resources\n\n",
-        f"Group `{crds.GROUP}`, version `{crds.VERSION}`. Every field below is checked by the "
+        f"Group `{GROUP}`, version `{VERSION}`. Every field below is checked by the "
         "API server (schema and CEL rules) and again by the operator's models; names are "
         "camelCase. `cadence crds` writes the CRDs themselves.\n",
     ]

@@ -8,7 +8,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from cadence.scheduler.registry import POLICIES, SWEEPS
-from cadence.sim.core import Result, Simulation
+from cadence.sim.core import Simulation
+from cadence.sim.records import Result
 from cadence.sim.scenario import Scenario
 
 

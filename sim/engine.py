@@ -55,7 +55,7 @@ class Stop:
 
 
 @dataclass
-class Engine:
+class ModelledEngine:
     deployment: Deployment
     max_batch: int = 256
     time: float = 0.0

@@ -13,7 +13,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 from cadence.common.captions import captioned
-from cadence.sim.core import Result
+from cadence.sim.records import Result
 
 THROUGHPUT_CAPTION = (
     "Decode throughput over simulated time, one line per policy: the arc falls when a "

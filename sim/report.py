@@ -14,7 +14,7 @@ from typing import Any
 from rich import box
 from rich.table import Table
 
-from cadence.sim.core import Result
+from cadence.sim.records import Result
 from cadence.sim.scenario import GroupDeployment
 
 COLUMNS = (

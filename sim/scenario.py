@@ -12,7 +12,6 @@ relative to the scenario file.
 from __future__ import annotations
 
 import itertools
-import json
 import random
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
@@ -21,14 +20,10 @@ from typing import Annotated, Any, Literal, Self
 
 import yaml
 from pydantic import (
-    BaseModel,
-    ConfigDict,
     Field,
     PlainValidator,
     PrivateAttr,
-    ValidationInfo,
     WithJsonSchema,
-    field_validator,
     model_validator,
 )
 
@@ -45,26 +40,22 @@ from cadence.common.physics import (
 from cadence.common.pool import Affinity, CustomAccelerator, PricePerHour, TensorParallel
 from cadence.scheduler.cost import StepCost, floor_warning
 from cadence.scheduler.snapshot import Knobs, Migration
+from cadence.sim.laws import (
+    MAX_DEVICES,
+    MAX_SECONDS,
+    MAX_TOKENS,
+    LatencyLawSpec,
+    LengthLawSpec,
+    Strict,
+)
 from cadence.sim.workload import (
-    Component,
-    Empirical,
-    EmpiricalLengths,
     Exponential,
-    LatencyLaw,
     LengthLaw,
     LengthModel,
-    Lognormal,
-    MixtureLengths,
     MultiTurn,
     Sample,
     generate_group,
 )
-
-# Upper bounds on what a scenario may ask for: far above any real pool or workload, low
-# enough that no file can ask for a run that does not end.
-MAX_DEVICES = 4_096
-MAX_TOKENS = 1 << 21
-MAX_SECONDS = 86_400.0 * 7
 
 
 def _auto_or_tokens(value: object) -> int | Literal["auto"]:
@@ -98,44 +89,7 @@ def transfer_group(deployment: Deployment) -> str:
     return f"{deployment.model.name}/{deployment.accelerator.name}/tp{deployment.tp}"
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
-
-
-def read_numbers(path: Path, field: str | None) -> list[float]:
-    """Positive numbers recorded one a line, or under `field` of each JSON line; a
-    ValueError names the file, the line and what is wrong."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as e:
-        raise ValueError(f"cannot read {path}: {e.strerror or e}") from None
-    except UnicodeDecodeError:
-        raise ValueError(f"{path} is not UTF-8 text") from None
-    out: list[float] = []
-    for number, raw_line in enumerate(text.splitlines(), start=1):
-        line = raw_line.strip()
-        if not line or line.startswith("#"):
-            continue
-        try:
-            raw: Any = json.loads(line)[field] if field is not None else float(line)
-            value = float(raw)
-        except (ValueError, KeyError, TypeError, IndexError):
-            what = f"a JSON object with a number under {field!r}" if field else "a number"
-            raise ValueError(f"{path} line {number} is not {what}: {line[:40]!r}") from None
-        if not 0 < value < float("inf"):
-            raise ValueError(f"{path} line {number}: {line[:40]!r} is not a positive number")
-        out.append(value)
-    if not out:
-        raise ValueError(f"{path} holds no numbers")
-    return out
-
-
-def _resolve(path: Path, info: ValidationInfo) -> Path:
-    base = (info.context or {}).get("base")
-    return path if path.is_absolute() or base is None else Path(base) / path
-
-
-class Group(_Strict):
+class Group(Strict):
     """Devices of one accelerator type. Each worker uses the smallest tensor-parallel
     degree that fits the model with `min_kv_tokens` to spare, so `devices` / tp workers."""
 
@@ -186,7 +140,7 @@ class Group(_Strict):
         )
 
 
-class Physics(_Strict):
+class Physics(Strict):
     bandwidth_efficiency: float = Field(default=BANDWIDTH_EFFICIENCY.value, gt=0, le=1)
     prefill_mfu: float = Field(default=PREFILL_MFU.value, gt=0, le=1)
     decode_mfu: float = Field(default=DECODE_MFU.value, gt=0, le=1)
@@ -218,119 +172,7 @@ class Physics(_Strict):
         )
 
 
-class LognormalLengths(_Strict):
-    """The default law, spelled out: a lognormal per group around `median_tokens`."""
-
-    law: Literal["lognormal"]
-    median_tokens: float = Field(gt=0, le=MAX_TOKENS)
-    sigma_between_groups: float = Field(default=0.75, ge=0, le=5)
-    sigma_within_group: float = Field(default=0.6, ge=0, le=5)
-
-    def build(self) -> LengthLaw:
-        return LengthModel(self.median_tokens, self.sigma_between_groups, self.sigma_within_group)
-
-
-class MixtureComponent(_Strict):
-    weight: float = Field(gt=0, le=1e6)
-    median_tokens: float = Field(gt=0, le=MAX_TOKENS)
-    sigma_between_groups: float = Field(default=0.5, ge=0, le=5)
-    sigma_within_group: float = Field(default=0.5, ge=0, le=5)
-
-
-class MixtureLengthsSpec(_Strict):
-    """Lognormal components, each sample drawing one by weight (e.g. 70% short answers
-    around 800 tokens, 30% long reasoning around 12K)."""
-
-    law: Literal["mixture"]
-    components: list[MixtureComponent] = Field(min_length=1, max_length=64)
-
-    def build(self) -> LengthLaw:
-        return MixtureLengths(
-            tuple(
-                Component(c.weight, c.median_tokens, c.sigma_between_groups, c.sigma_within_group)
-                for c in self.components
-            )
-        )
-
-
-class _Recorded(_Strict):
-    """Numbers a team recorded: `path` holds one a line, or JSON lines with the number
-    under `field`, read once when the scenario is validated; or `values`, inline."""
-
-    path: Path | None = None
-    field: str | None = None
-    values: list[Annotated[float, Field(gt=0)]] = Field(default=[], max_length=1_000_000)
-    _values: tuple[float, ...] = PrivateAttr(default=())
-
-    @field_validator("path")
-    @classmethod
-    def _relative_to_scenario(cls, path: Path | None, info: ValidationInfo) -> Path | None:
-        return None if path is None else _resolve(path, info)
-
-    @model_validator(mode="after")
-    def _read(self) -> Self:
-        if (self.path is None) == (not self.values):
-            raise ValueError("give either path (a file of numbers) or values, not both")
-        if self.path is not None:
-            self._values = tuple(read_numbers(self.path, self.field))
-        else:
-            self._values = tuple(self.values)
-        return self
-
-
-class EmpiricalLengthsSpec(_Recorded):
-    """A recorded length histogram, replayed with the given within-group correlation."""
-
-    law: Literal["empirical"]
-    group_correlation: float = Field(default=0.6, ge=0, le=1)
-
-    def build(self) -> LengthLaw:
-        return EmpiricalLengths(self._values, self.group_correlation)
-
-
-LengthLawSpec = Annotated[
-    LognormalLengths | MixtureLengthsSpec | EmpiricalLengthsSpec, Field(discriminator="law")
-]
-
-
-class ExponentialLatency(_Strict):
-    law: Literal["exponential"]
-    mean_s: float = Field(ge=0, le=MAX_SECONDS)
-
-    def build(self) -> LatencyLaw:
-        return Exponential(self.mean_s)
-
-
-class LognormalLatency(_Strict):
-    law: Literal["lognormal"]
-    median_s: float = Field(gt=0, le=MAX_SECONDS)
-    sigma: float = Field(default=1.0, ge=0, le=5)
-
-    def build(self) -> LatencyLaw:
-        return Lognormal(self.median_s, self.sigma)
-
-
-class EmpiricalLatency(_Recorded):
-    """Recorded tool-call latencies, in seconds."""
-
-    law: Literal["empirical"]
-
-    @model_validator(mode="after")
-    def _bounded(self) -> Self:
-        if max(self._values) > MAX_SECONDS:
-            raise ValueError(f"{self.path} holds a latency above {MAX_SECONDS:.0f} s")
-        return self
-
-    def build(self) -> LatencyLaw:
-        return Empirical(self._values)
-
-
-LatencyLawSpec = Annotated[
-    ExponentialLatency | LognormalLatency | EmpiricalLatency, Field(discriminator="law")
-]
-
-
-class Workload(_Strict):
+class Workload(Strict):
     prompts_per_batch: int = Field(default=512, ge=1, le=65_536)  # B, in prompt groups
     samples_per_prompt: int = Field(default=16, ge=1, le=1_024)
     iterations: int = Field(default=5, ge=1, le=1_000)
@@ -363,7 +205,7 @@ class Workload(_Strict):
         return self
 
 
-class Trainer(_Strict):
+class TrainerSettings(Strict):
     update_seconds: float = Field(default=60.0, ge=0, le=MAX_SECONDS)
     weights_link_gb_s: float = Field(default=2.5, ge=1e-3, le=1e9)  # trainer to the pool
 
@@ -373,7 +215,7 @@ SIZING_H_MIN = 2_048
 SIZING_DELTA = 512
 
 
-class Scheduling(_Strict):
+class Scheduling(Strict):
     """The run's knobs. `h_min` and `delta` are `auto` (derived per worker each cycle
     from its step cost and the control period) or pinned token counts; the pool is sized
     with the pinned values, or under auto with `sizing_h_min` and `sizing_delta`
@@ -450,14 +292,14 @@ class GroupDeployment:
         }
 
 
-class Scenario(_Strict):
+class Scenario(Strict):
     name: str = Field(min_length=1, max_length=253)
     model: str
     max_model_len: int = Field(ge=1, le=MAX_TOKENS)
     groups: list[Group] = Field(min_length=1, max_length=64)
     physics: Physics = Physics()
     workload: Workload = Workload()
-    trainer: Trainer = Trainer()
+    trainer: TrainerSettings = TrainerSettings()
     scheduling: Scheduling = Scheduling()
     seed: int = Field(default=0, ge=0, le=2**63)
     _deployments: tuple[GroupDeployment, ...] = PrivateAttr(default=())

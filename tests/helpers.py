@@ -127,3 +127,16 @@ async def eventually_async(
         if budget.spent():
             pytest.fail(f"not within {budget}: {what}; {_last(value, error)}")
         await asyncio.sleep(every_s)
+
+
+def reconciles_of(metrics: Any, plural: str, name: str, namespace: str = "default") -> float:
+    """How many times the operator has reconciled one object to the end, read from its
+    `cadence_operator_reconciles` metric as Prometheus would."""
+    for family in metrics.collect():
+        if family.name != "cadence_operator_reconciles":
+            continue
+        for sample in family.samples:
+            wanted = {"kind": plural, "namespace": namespace, "name": name}
+            if sample.name.endswith("_total") and sample.labels == wanted:
+                return float(sample.value)
+    return 0.0

@@ -12,9 +12,11 @@ import asyncio
 import logging
 import time
 from collections.abc import Iterable
+from typing import Any
 
-from fastapi import FastAPI, Response
+from fastapi import APIRouter, FastAPI, Response
 from fastapi.responses import FileResponse, JSONResponse
+from fastapi.routing import APIRoute
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -84,15 +86,13 @@ async def _train_forever(trainer: Trainer, retry_s: float = 5.0) -> None:
         await asyncio.sleep(0.05)
 
 
-def create_app(trainer: Trainer, token: str, *, train: bool = True) -> FastAPI:
-    lifespan = web.background((lambda: _train_forever(trainer)) if train else None)
-    app = FastAPI(title="Cadence trainer", version="v1", lifespan=lifespan)
-    guarded = web.install(app, token)
-    registry = CollectorRegistry()
-    registry.register(_TrainerCollector(trainer))
+def _rollout_routes(trainer: Trainer, guarded: Any, route_class: type[APIRoute]) -> APIRouter:
+    """What workers and the control loop call: deliveries, the ledger, admission, where
+    each sample is, re-queues."""
+    router = APIRouter(route_class=route_class)
     config = trainer.config
 
-    @app.post("/v1/trajectories", dependencies=guarded)
+    @router.post("/v1/trajectories", dependencies=guarded)
     async def ingest(body: Delivery) -> IngestResponse:
         result, reward, why = trainer.ingest(body)
         if result == "invalid":
@@ -105,7 +105,7 @@ def create_app(trainer: Trainer, token: str, *, train: bool = True) -> FastAPI:
             )
         return IngestResponse(result=result, reward=reward)
 
-    @app.get("/v1/ledger", dependencies=guarded)
+    @router.get("/v1/ledger", dependencies=guarded)
     async def ledger() -> LedgerView:
         with trainer.lock:
             ledger = trainer.ledger
@@ -136,11 +136,11 @@ def create_app(trainer: Trainer, token: str, *, train: bool = True) -> FastAPI:
                 temperature=config.temperature,
             )
 
-    @app.post("/v1/admit", dependencies=guarded)
+    @router.post("/v1/admit", dependencies=guarded)
     async def admit(body: AdmitRequest) -> AdmitResponse:
         return AdmitResponse(groups=[g.index for g in trainer.admit(body.groups)])
 
-    @app.post("/v1/samples/{sid}/record", dependencies=guarded)
+    @router.post("/v1/samples/{sid}/record", dependencies=guarded)
     async def record(sid: str, body: RecordRequest) -> dict[str, bool]:
         with trainer.lock:
             try:
@@ -153,7 +153,7 @@ def create_app(trainer: Trainer, token: str, *, train: bool = True) -> FastAPI:
                 raise web.Refusal(422, "invalid", str(e)) from None
         return {"recorded": taken}
 
-    @app.post("/v1/samples/record", dependencies=guarded)
+    @router.post("/v1/samples/record", dependencies=guarded)
     async def record_many(body: RecordMany) -> dict[str, int]:
         rows = [(r.id, r.attempt, r.state, r.worker, r.version) for r in body.records]
         with trainer.lock:
@@ -164,7 +164,7 @@ def create_app(trainer: Trainer, token: str, *, train: bool = True) -> FastAPI:
             except LedgerError as e:
                 raise web.Refusal(422, "invalid", str(e)) from None
 
-    @app.post("/v1/samples/{sid}/requeue", dependencies=guarded)
+    @router.post("/v1/samples/{sid}/requeue", dependencies=guarded)
     async def requeue(sid: str, body: RequeueRequest | None = None) -> RequeueResponse:
         charged = body is None or body.fault == "sample"
         with trainer.lock:
@@ -176,7 +176,14 @@ def create_app(trainer: Trainer, token: str, *, train: bool = True) -> FastAPI:
             except LedgerError as e:
                 raise web.Refusal(409, "finished", str(e)) from None
 
-    @app.get("/v1/version")
+    return router
+
+
+def _weights_routes(trainer: Trainer, guarded: Any, route_class: type[APIRoute]) -> APIRouter:
+    """Published versions and their weights, for workers advancing."""
+    router = APIRouter(route_class=route_class)
+
+    @router.get("/v1/version")
     async def version() -> VersionInfo:
         v = trainer.ledger.version
         await asyncio.to_thread(trainer.published, v)
@@ -184,7 +191,7 @@ def create_app(trainer: Trainer, token: str, *, train: bool = True) -> FastAPI:
             version=v, sha256=trainer.store.sha256(v), weights_path=f"/v1/weights/{v}"
         )
 
-    @app.get("/v1/versions/{v}")
+    @router.get("/v1/versions/{v}")
     async def version_of(v: int) -> VersionInfo:
         if not await asyncio.to_thread(trainer.published, v):
             raise web.Refusal(404, "no_weights", f"version {v} is not kept")
@@ -192,13 +199,21 @@ def create_app(trainer: Trainer, token: str, *, train: bool = True) -> FastAPI:
             version=v, sha256=trainer.store.sha256(v), weights_path=f"/v1/weights/{v}"
         )
 
-    @app.get("/v1/weights/{v}", dependencies=guarded)
+    @router.get("/v1/weights/{v}", dependencies=guarded)
     async def weights(v: int) -> FileResponse:
         if not await asyncio.to_thread(trainer.published, v):
             raise web.Refusal(404, "no_weights", f"version {v} is not kept")
         return FileResponse(trainer.store.path(v), media_type="application/octet-stream")
 
-    @app.post("/v1/prompts", dependencies=guarded)
+    return router
+
+
+def _external_routes(trainer: Trainer, guarded: Any, route_class: type[APIRoute]) -> APIRouter:
+    """What an external trainer calls: submit prompts, take whole batches, publish versions."""
+    router = APIRouter(route_class=route_class)
+    config = trainer.config
+
+    @router.post("/v1/prompts", dependencies=guarded)
     async def submit(body: SubmitRequest) -> dict[str, int]:
         if not trainer.external:
             raise web.Refusal(409, "not_external", "this trainer draws prompts from its task")
@@ -209,7 +224,7 @@ def create_app(trainer: Trainer, token: str, *, train: bool = True) -> FastAPI:
         with trainer.lock:
             return {"queued": trainer.ledger.submit(prompts)}
 
-    @app.get("/v1/batches/{u}", dependencies=guarded)
+    @router.get("/v1/batches/{u}", dependencies=guarded)
     async def batch(u: int) -> Batch:
         if not 0 <= u < config.iterations:
             raise web.Refusal(404, "no_batch", f"batches are 0 to {config.iterations - 1}")
@@ -222,7 +237,7 @@ def create_app(trainer: Trainer, token: str, *, train: bool = True) -> FastAPI:
             ]
         return Batch(batch=u, samples=samples)
 
-    @app.post("/v1/publish", dependencies=guarded)
+    @router.post("/v1/publish", dependencies=guarded)
     async def publish(body: PublishRequest) -> VersionInfo:
         if not trainer.external:
             raise web.Refusal(409, "not_external", "this trainer publishes its own versions")
@@ -242,7 +257,17 @@ def create_app(trainer: Trainer, token: str, *, train: bool = True) -> FastAPI:
             version=v, sha256=trainer.store.sha256(v), weights_path=f"/v1/weights/{v}"
         )
 
-    @app.get("/v1/stats", dependencies=guarded)
+    return router
+
+
+def _status_routes(
+    trainer: Trainer, guarded: Any, route_class: type[APIRoute], registry: CollectorRegistry
+) -> APIRouter:
+    """The run's figures, metrics and health."""
+    router = APIRouter(route_class=route_class)
+    config = trainer.config
+
+    @router.get("/v1/stats", dependencies=guarded)
     async def stats() -> RunStats:
         with trainer.lock:
             ledger = trainer.ledger
@@ -262,14 +287,28 @@ def create_app(trainer: Trainer, token: str, *, train: bool = True) -> FastAPI:
                 accepted_twice=ledger.accepted_twice(),
             )
 
-    @app.get("/metrics")
+    @router.get("/metrics")
     async def metrics() -> Response:
         return Response(generate_latest(registry), media_type="text/plain; version=0.0.4")
 
-    @app.get("/healthz")
+    @router.get("/healthz")
     async def healthz() -> JSONResponse:
         if trainer.broken is not None:
             return web.problem(503, "cannot_train", trainer.broken)
         return JSONResponse({"status": "ok"})
 
+    return router
+
+
+def create_app(trainer: Trainer, token: str, *, train: bool = True) -> FastAPI:
+    lifespan = web.background((lambda: _train_forever(trainer)) if train else None)
+    app = FastAPI(title="Cadence trainer", version="v1", lifespan=lifespan)
+    guarded = web.install(app, token)
+    registry = CollectorRegistry()
+    registry.register(_TrainerCollector(trainer))
+    route_class = app.router.route_class
+    app.include_router(_rollout_routes(trainer, guarded, route_class))
+    app.include_router(_weights_routes(trainer, guarded, route_class))
+    app.include_router(_external_routes(trainer, guarded, route_class))
+    app.include_router(_status_routes(trainer, guarded, route_class, registry))
     return app

@@ -33,7 +33,8 @@ from cadence.worker.api import (
     TrajectoryState,
     WorkerState,
 )
-from cadence.worker.core import Refused, WorkerCore
+from cadence.worker.core import WorkerCore
+from cadence.worker.held import Refused
 
 log = logging.getLogger("cadence.worker")
 

@@ -36,7 +36,7 @@ from cadence.worker.api import (
     TrajectoryState,
     WorkerState,
 )
-from cadence.worker.core import Refused
+from cadence.worker.held import Refused
 from cadence.worker.outbox import Rejected
 
 

@@ -30,143 +30,30 @@ import contextlib
 import hashlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import urlsplit
 
 from cadence.worker.api import (
     AdvanceRequest,
-    ClaimRequest,
-    Delivery,
     EvictResponse,
-    Fence,
-    KvOffer,
     MoveCounts,
-    MoveKind,
     ParkedInfo,
-    ParkReason,
-    PlaceRequest,
-    PlaceResponse,
     ReleaseRequest,
     ResidentInfo,
     ResidentState,
-    Sampling,
     Source,
-    Timings,
     TrajectoryState,
     Turn,
     WorkerState,
 )
-from cadence.worker.engine import Clock, Engine, EngineRequest, RoomError, pulled_tokens
+from cadence.worker.engine import Clock, Engine, EngineRequest
+from cadence.worker.handoff import HandOff
+from cadence.worker.held import Claim, FetchWeights, Held, Identity, Refused, Release
 from cadence.worker.outbox import Outbox
 from cadence.worker.tools import ToolUse
 
 log = logging.getLogger("cadence.worker")
-
-
-class Refused(Exception):
-    """A request this worker will not carry out; `status` is the HTTP status to answer."""
-
-    def __init__(self, status: int, reason: str, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.reason = reason
-
-
-@dataclass(frozen=True, slots=True)
-class Identity:
-    worker_id: str
-    accelerator: str
-    affinity: int
-
-
-@dataclass
-class Held:
-    """A trajectory's token state while this worker holds it, resident or parked."""
-
-    id: str
-    attempt: int
-    version: int
-    prompt_token_ids: list[int]
-    turns: list[Turn]
-    sampling: Sampling
-    max_tokens: int
-    tool_calls_left: int
-    timings: Timings
-    generated_at_placement: int = 0
-    reason: ParkReason = "evicted"
-    parked_since: float | None = None
-    arrived_at: float | None = None  # when this worker took it, on its clock
-    lease: tuple[str, int, float] | None = None  # (destination, attempt, until)
-    scanned: int = 0  # tokens of this placement's output already searched for a tool call
-
-    @property
-    def context_ids(self) -> list[int]:
-        ids = list(self.prompt_token_ids)
-        for turn in self.turns:
-            ids += turn.token_ids
-        return ids
-
-    @property
-    def generated(self) -> int:
-        return sum(len(t.token_ids) for t in self.turns if t.role == "model")
-
-    def since_observation(self, limit: int | None = None) -> list[int]:
-        """The model's tokens after the last observation (the last `limit` of them)."""
-        tail: list[int] = []
-        for turn in reversed(self.turns):
-            if turn.role == "environment" or (limit is not None and len(tail) >= limit):
-                break
-            tail = turn.token_ids + tail
-        return tail if limit is None else tail[-limit:]
-
-    def timings_at(self, now: float | None) -> Timings:
-        """Its timings, with the time parked here so far counted as pending."""
-        if now is None or self.parked_since is None:
-            return self.timings
-        pending = self.timings.pending_s + now - self.parked_since
-        return self.timings.model_copy(update={"pending_s": pending})
-
-    def leaving(self, now: float) -> Timings:
-        """Its timings as it leaves this worker (handed over or delivered): the time
-        parked here counted as pending, the time held here added to its elapsed time."""
-        timings = self.timings_at(now)
-        if self.arrived_at is None:
-            return timings
-        elapsed = timings.elapsed_s + max(0.0, now - self.arrived_at)
-        return timings.model_copy(update={"elapsed_s": elapsed})
-
-    def to_state(self, now: float | None = None) -> TrajectoryState:
-        """The state to hand over; time parked here so far counts as pending, and time
-        held here as elapsed."""
-        timings = self.timings_at(now) if now is None else self.leaving(now)
-        return TrajectoryState(
-            id=self.id,
-            attempt=self.attempt,
-            version=self.version,
-            prompt_token_ids=self.prompt_token_ids,
-            turns=self.turns,
-            sampling=self.sampling,
-            max_tokens=self.max_tokens,
-            tool_calls_left=self.tool_calls_left,
-            timings=timings,
-        )
-
-    @staticmethod
-    def of(state: TrajectoryState, attempt: int) -> Held:
-        return Held(
-            state.id,
-            attempt,
-            state.version,
-            list(state.prompt_token_ids),
-            list(state.turns),
-            state.sampling,
-            state.max_tokens,
-            state.tool_calls_left,
-            state.timings,
-            generated_at_placement=state.generated,
-        )
 
 
 def _resident_state(request: EngineRequest | None) -> ResidentState:
@@ -182,17 +69,9 @@ MAX_STEP_FAILURES = 3  # failed engine steps in a row before the worker is broke
 STALL_MIN_S = 60.0
 STALL_STEPS = 100
 
-# Where a version's weights come from: the trainer, a peer, or a path.
-FetchWeights = Callable[[str], Awaitable[bytes]]
-
-# How a destination reaches the worker a trajectory is parked on (HTTP in the service,
-# a direct call in tests).
-Claim = Callable[[Source, str, ClaimRequest], Awaitable[TrajectoryState]]
-Release = Callable[[Source, str, ReleaseRequest], Awaitable[None]]
-
 
 @dataclass
-class WorkerCore:
+class WorkerCore(HandOff):
     identity: Identity
     engine: Engine
     clock: Clock
@@ -293,346 +172,6 @@ class WorkerCore:
             moves=MoveCounts(**{k: self.counts[f"moves_{k}"] for k in MoveCounts.model_fields}),
             stalled=self.stalled(),
         )
-
-    @property
-    def transfer_group(self) -> str | None:
-        """Workers that can pull each other's KV: the same engine layout (model, dtype,
-        block size, parallel layout) on the same accelerator type."""
-        layout = self.engine.transfer_layout
-        if layout is None:
-            return None
-        key = f"{self.identity.accelerator}|{layout}"
-        return f"{self.identity.accelerator}-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
-
-    # --- placement ---------------------------------------------------------------------
-
-    def _check_fence(self, rid: str, attempt: int) -> None:
-        seen = self.newest_attempt.get(rid, -1)
-        if attempt < seen:
-            raise Refused(409, "stale_attempt", f"attempt {attempt} of {rid} is older than {seen}")
-
-    def _fence(self, rid: str, attempt: int) -> None:
-        self._check_fence(rid, attempt)
-        self.newest_attempt[rid] = attempt
-
-    def _check_tokens(self, rid: str, ids: list[int]) -> None:
-        """Refuse token ids the model has no embedding for, as vLLM refuses a prompt:
-        decoding them would fail inside the engine's step, for every resident."""
-        vocab = self.engine.vocab_size
-        if vocab is None or not ids:
-            return
-        worst = max(ids)
-        if worst >= vocab:
-            raise Refused(
-                422,
-                "invalid",
-                f"{rid}: token id {worst} is outside the model's vocabulary ({vocab})",
-            )
-
-    def _check_length(self, rid: str, prompt: int, max_tokens: int) -> None:
-        """Refuse a sample the model cannot hold, as vLLM refuses a request longer than
-        its positions: accepted, its prefill would occupy the engine and still fail."""
-        positions = self.engine.max_model_len
-        if positions is not None and prompt + max_tokens > positions:
-            raise Refused(
-                422,
-                "too_long",
-                f"{rid}: a {prompt}-token prompt and {max_tokens} tokens to generate exceed "
-                f"the model's {positions} positions",
-            )
-
-    async def place(self, req: PlaceRequest) -> PlaceResponse:
-        """Start a trajectory here: a fresh sample, or a departed one pulled from its source."""
-        held = self.resident.get(req.id)
-        if held is not None and held.attempt == req.attempt:  # a retried request
-            return self._placed(held)
-        if self.draining:
-            raise Refused(409, "draining", f"worker {self.identity.worker_id} is draining")
-        if self.broken is not None:
-            raise Refused(503, "broken", self.broken)
-        if self.outbox is not None and self.outbox.full:
-            raise Refused(503, "outbox_full", "the trainer is not taking deliveries; retry later")
-        if self.version != req.version:
-            raise Refused(
-                409,
-                "version",
-                f"{req.id} is for version {req.version}; this worker serves {self.version}",
-            )
-        if self._advancing is not None:
-            raise Refused(409, "advancing", f"this worker is advancing to {self._advancing}")
-        if req.id in self._placing:
-            raise Refused(409, "placing", f"{req.id} is being placed here already")
-        # Every placement comes under a new attempt: one this worker has seen already is a
-        # replay (a retried call whose first landed, a stale copy of the plan).
-        seen = self.newest_attempt.get(req.id, -1)
-        if req.attempt <= seen:
-            raise Refused(
-                409, "stale_attempt", f"attempt {req.attempt} of {req.id} is not newer than {seen}"
-            )
-        if held is not None:
-            raise Refused(409, "resident", f"{req.id} is resident here under another attempt")
-        self._placing.add(req.id)
-        try:
-            placed = await self._place(req)
-        finally:
-            self._placing.discard(req.id)
-        self.newest_attempt[req.id] = max(req.attempt, self.newest_attempt.get(req.id, -1))
-        return placed
-
-    async def _place(self, req: PlaceRequest) -> PlaceResponse:
-        if req.fresh is not None:
-            f = req.fresh
-            self._check_tokens(req.id, f.prompt_token_ids)
-            self._check_length(req.id, len(f.prompt_token_ids), f.max_tokens)
-            held = Held(
-                req.id,
-                req.attempt,
-                req.version,
-                list(f.prompt_token_ids),
-                [],
-                f.sampling,
-                f.max_tokens,
-                f.max_tool_calls,
-                Timings(first_step_at=self.wall()),
-                arrived_at=self.clock.now(),
-            )
-            self._start(held)
-            return self._placed(held)
-        assert req.source is not None
-        if req.source.worker_id == self.identity.worker_id:
-            parked = self.parked.get(req.id)
-            if parked is None:
-                raise Refused(404, "not_parked", f"{req.id} is not parked here")
-            if parked.reason == "environment":
-                raise Refused(409, "environment", f"{req.id} is waiting for its environment")
-            parked.attempt = req.attempt
-            self._start(parked)
-            del self.parked[req.id]
-            return self._placed(parked)
-        group = self.transfer_group if req.migration != "reprefill" else None
-        claim = ClaimRequest(
-            attempt=req.attempt, destination=self.identity.worker_id, transfer_group=group
-        )
-        asked = self.clock.now()
-        state = await self.claim_from(req.source, req.id, claim)
-        if state.version != req.version:
-            raise Refused(409, "version", f"{req.id} was generated under version {state.version}")
-        held = Held.of(state, req.attempt)
-        held.arrived_at = self.clock.now()  # the source counted its share to the claim
-        self._check_tokens(req.id, held.context_ids)
-        reason = self._no_pull(req, state.kv, self.clock.now() - asked)
-        pull = None if reason is not None or state.kv is None else (state.kv, req.source.url)
-        self._start(held, pull=pull)  # on failure nothing is released: it stays parked there
-        moved: MoveKind = "kv" if pull is not None else "reprefill"
-        if pull is None:
-            self.counts["moves_reprefill"] += 1
-            self.counts["moves_reprefill_tokens"] += len(held.context_ids)
-        release = ReleaseRequest(attempt=req.attempt, destination=self.identity.worker_id)
-        self.unreleased[req.id] = (req.source, release)
-        await self._release(req.id)
-        return self._placed(held, moved, reason)
-
-    def _no_pull(self, req: PlaceRequest, kv: KvOffer | None, waited: float) -> str | None:
-        """Why a move re-prefills instead of pulling the KV; None: it pulls."""
-        if req.migration == "reprefill":
-            return "the run's migration is reprefill"
-        if self.transfer_group is None:
-            return f"{self.identity.worker_id} cannot pull KV (no KV transfer)"
-        if kv is None:
-            return "the source offered no KV (another KV layout, or no KV transfer there)"
-        if kv.group != self.transfer_group:
-            return f"KV layouts differ ({kv.group} here {self.transfer_group})"
-        if waited > kv.lease_s / 2:
-            return f"the claim took {waited:.1f} s of the source's {kv.lease_s:g} s KV lease"
-        return None
-
-    async def retry_releases(self) -> None:
-        """Acknowledge hand-offs to their sources. A failed acknowledgement is kept and
-        retried (each placement retries its own; the decode loop retries the rest): the
-        trajectory runs here meanwhile, and its source keeps the state parked under this
-        worker's claim, so nobody else can start it."""
-        for rid in list(self.unreleased):
-            await self._release(rid)
-
-    async def _release(self, rid: str) -> None:
-        entry = self.unreleased.get(rid)
-        if entry is None:
-            return
-        source, release = entry
-        try:
-            await self.release_at(source, rid, release)
-        except Refused as e:
-            if e.reason != "not_claimed":
-                return
-            # A newer attempt claimed it meanwhile: this copy is stale, stop it.
-            held = self.resident.get(rid)
-            if held is not None and held.attempt == release.attempt:
-                del self.resident[rid]
-                self.engine.abort(rid)
-        except Exception:  # the source is unreachable for now
-            return
-        if self.unreleased.get(rid) == entry:
-            del self.unreleased[rid]
-
-    def _start(self, held: Held, pull: tuple[KvOffer, str] | None = None) -> None:
-        """Put `held` on the engine; with `pull` (the source's offer and URL), pulling its
-        KV from the source."""
-        budget = held.max_tokens - held.generated
-        if budget < 1:
-            raise Refused(409, "finished", f"{held.id} has no tokens left to generate")
-        eos = None if held.sampling.ignore_eos else self.eos_token_id
-        request = EngineRequest(held.id, held.context_ids, budget, held.sampling, eos_token_id=eos)
-        if pull is not None:
-            offer, url = pull
-            params = dict(offer.params)
-            if "remote_host" in params:
-                # The source's side channel listens on its pod's address (it may bind
-                # 0.0.0.0): reach it where its API was reached.
-                params["remote_host"] = urlsplit(url).hostname
-            request.kv_params = params
-            block = getattr(self.engine, "block_size", 1)
-            request.kv_expected = pulled_tokens(offer.tokens, request.context, block)
-        try:
-            self.engine.add(request)
-        except RoomError as e:
-            raise Refused(409, "no_room", str(e)) from None
-        held.generated_at_placement = held.generated
-        held.scanned = 0
-        held.lease = None
-        if held.parked_since is not None:
-            held.timings = held.timings_at(self.clock.now())
-            held.parked_since = None
-        if not self.resident:
-            self._stepped_at = self.clock.now()
-        self.resident[held.id] = held
-        self.counts["placements"] += 1
-
-    def _placed(
-        self, held: Held, moved: MoveKind | None = None, reason: str | None = None
-    ) -> PlaceResponse:
-        return PlaceResponse(
-            id=held.id,
-            attempt=held.attempt,
-            version=held.version,
-            context=len(held.context_ids),
-            moved=moved,
-            move_reason=reason,
-        )
-
-    # --- departure ---------------------------------------------------------------------
-
-    def evict(self, rid: str) -> EvictResponse:
-        """Stop decoding `rid`, free its KV, keep its tokens parked here."""
-        held = self.resident.get(rid)
-        if held is None:
-            raise Refused(404, "not_resident", f"{rid} is not resident here")
-        if rid not in self.engine.requests:
-            # The engine ended it since the last step (vLLM finishes requests as they
-            # stream, between steps): the next step delivers it.
-            raise Refused(409, "finished", f"{rid} finished before it could be evicted")
-        del self.resident[rid]
-        self._absorb(held, self.engine.abort(rid))
-        if held.generated >= held.max_tokens:
-            # It decoded its last token between the observation and this call: nothing is
-            # left to resume anywhere, so it ends here instead of parking for ever.
-            self._deliver(held)
-            raise Refused(409, "finished", f"{rid} finished before it could be evicted")
-        held.reason, held.parked_since = "evicted", self.clock.now()
-        self.parked[rid] = held
-        self.counts["departures"] += 1
-        return EvictResponse(
-            id=rid, attempt=held.attempt, version=held.version, context=len(held.context_ids)
-        )
-
-    def fence(self, items: Sequence[Fence]) -> list[str]:
-        """The ledger moved these trajectories on to a newer attempt (this worker was
-        taken for lost, or a placement here timed out and was re-queued): drop the copies
-        held here under older attempts, so they neither decode for nothing nor hold KV.
-        A parked copy that a newer attempt has claimed stays until it is released.
-        Returns the ids dropped."""
-        dropped = []
-        for f in items:
-            self.newest_attempt[f.id] = max(f.attempt, self.newest_attempt.get(f.id, -1))
-            held = self.resident.get(f.id)
-            if held is not None and held.attempt < f.attempt:
-                del self.resident[f.id]
-                self.engine.abort(f.id)
-                dropped.append(f.id)
-                continue
-            held = self.parked.get(f.id)
-            if held is None or held.attempt >= f.attempt or held.reason == "environment":
-                continue
-            if held.lease is not None and held.lease[1] >= f.attempt:
-                continue
-            del self.parked[f.id]
-            dropped.append(f.id)
-        if dropped:
-            self.counts["fenced"] += len(dropped)
-            log.warning(
-                "worker %s: dropped %s, superseded by newer attempts",
-                self.identity.worker_id,
-                ", ".join(dropped),
-            )
-        return dropped
-
-    def _absorb(self, held: Held, request: EngineRequest) -> None:
-        out = request.output
-        if out.token_ids:
-            held.turns.append(
-                Turn(
-                    role="model",
-                    token_ids=list(out.token_ids),
-                    logprobs=list(out.logprobs),
-                    version=held.version,
-                )
-            )
-
-    async def claim(self, rid: str, req: ClaimRequest) -> TrajectoryState:
-        """A destination takes a parked state under a lease (it is not released yet); one
-        of this worker's transfer group gets the trajectory's KV blocks offered too."""
-        held = self.parked.get(rid)
-        if held is None:
-            raise Refused(404, "not_parked", f"{rid} is not parked here")
-        if held.reason == "environment":
-            raise Refused(409, "environment", f"{rid} is waiting for its environment")
-        if held.lease is not None:
-            destination, attempt, _ = held.lease
-            if req.attempt == attempt and req.destination != destination:
-                raise Refused(409, "claimed", f"attempt {attempt} of {rid} is {destination}'s")
-        # A newer attempt supersedes an older claim (its destination is presumed lost); an
-        # older one is refused here. The lease's end tells the control loop how long an
-        # unacknowledged hand-off may stay in flight.
-        self._fence(rid, req.attempt)
-        held.lease = (req.destination, req.attempt, self.clock.now() + req.lease_s)
-        state = held.to_state(self.clock.now())
-        group = self.transfer_group
-        if group is None or req.transfer_group != group:
-            return state
-        if held.version != self.version:
-            # Advanced since it departed: the blocks an export computed now would be the
-            # new policy's, not those of the version the trajectory runs under.
-            self.counts["exports_stale"] += 1
-            return state
-        try:
-            tokens, params = await self.engine.export(rid, held.context_ids)
-        except Exception as e:  # the destination re-prefills; the hand-off goes on
-            log.warning("worker %s: no KV export for %s: %r", self.identity.worker_id, rid, e)
-            self.counts["exports_failed"] += 1
-            return state
-        self.counts["exports"] += 1
-        offer = KvOffer(group=group, tokens=tokens, lease_s=self.engine.kv_lease_s, params=params)
-        return state.model_copy(update={"kv": offer})
-
-    def release(self, rid: str, req: ReleaseRequest) -> None:
-        """The destination acknowledged: forget the parked state it claimed."""
-        held = self.parked.get(rid)
-        claimant = (req.destination, req.attempt)
-        if held is None and self.handed_off.get(rid) == claimant:
-            return  # a repeated acknowledgement
-        if held is None or held.lease is None or held.lease[:2] != claimant:
-            raise Refused(409, "not_claimed", f"{rid} is not claimed by {req.destination}")
-        del self.parked[rid]
-        self.handed_off[rid] = claimant
 
     async def advance(self, req: AdvanceRequest) -> WorkerState:
         """Switch to `req.version`: only when nothing is resident, never backwards; the
@@ -803,30 +342,6 @@ class WorkerCore:
         if t1 - t0 <= 0 or self.clock.now() - t1 > THROUGHPUT_WINDOW_S:
             return 0.0
         return (n1 - n0) / (t1 - t0)
-
-    def _deliver(self, held: Held, *, failed: bool = False) -> TrajectoryState:
-        state = held.to_state(self.clock.now())
-        self.counts["failed" if failed else "finished"] += 1
-        if self.outbox is None:
-            self.finished.append(state)
-            return state
-        self.outbox.put(
-            Delivery(
-                id=held.id,
-                attempt=held.attempt,
-                version=held.version,
-                worker_id=self.identity.worker_id,
-                prompt_token_ids=held.prompt_token_ids,
-                turns=held.turns,
-                timings=state.timings,
-                finished_at=self.wall(),
-                sampling=held.sampling,
-                failed=failed,
-            )
-        )
-        return state
-
-    # --- multi-turn ----------------------------------------------------------------------
 
     def _scan(self, request: EngineRequest, *, in_engine: bool) -> bool:
         """Depart `request`'s trajectory for its environment if it just completed a tool

@@ -32,7 +32,8 @@ from cadence.worker.api import (
     PlaceRequest,
 )
 from cadence.worker.app import create_app, decode_forever
-from cadence.worker.core import Refused, WorkerCore
+from cadence.worker.core import WorkerCore
+from cadence.worker.held import Refused
 
 log = logging.getLogger("cadence.host")
 T = TypeVar("T")

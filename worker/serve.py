@@ -30,9 +30,10 @@ from cadence.common.sources import Destinations, SourceRefused, WeightsSource
 from cadence.common.vocabulary import Vocabulary
 from cadence.worker.app import create_app
 from cadence.worker.client import Peers, TrainerSender
-from cadence.worker.core import Identity, Refused, WorkerCore
+from cadence.worker.core import WorkerCore
 from cadence.worker.emulated import EmulatedEngine
 from cadence.worker.engine import Engine, MonotonicClock
+from cadence.worker.held import Identity, Refused
 from cadence.worker.host import create_host_app
 from cadence.worker.outbox import Outbox
 from cadence.worker.tools import HttpEnvironment, ToolUse

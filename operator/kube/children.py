@@ -25,9 +25,7 @@ import copy
 import hashlib
 import json
 import secrets
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from pathlib import Path
+from collections.abc import Mapping
 from typing import Any
 
 from cadence.operator.api.capacity import group_plans
@@ -38,7 +36,6 @@ from cadence.operator.api.resources import (
     TrainingRun,
     groups_of,
 )
-from cadence.operator.api.settings import trainer_config
 
 CONTROL_PORT = 8000
 TRAINER_PORT = 8100
@@ -226,18 +223,18 @@ def tls_secret(pool: RolloutPool) -> str | None:
     return str(name) if name else None
 
 
-def _scheme(pool: RolloutPool | None) -> str:
+def scheme(pool: RolloutPool | None) -> str:
     return "https" if pool is not None and tls_secret(pool) else "http"
 
 
-def _token_env(pool: RolloutPool) -> dict[str, Any]:
+def token_env(pool: RolloutPool) -> dict[str, Any]:
     return {
         "name": "CADENCE_TOKEN",
         "valueFrom": {"secretKeyRef": {"name": pool.spec.token_secret, "key": TOKEN_KEY}},
     }
 
 
-def _tls_args(pool: RolloutPool) -> list[str]:
+def tls_args(pool: RolloutPool) -> list[str]:
     if not tls_secret(pool):
         return []
     return ["--tls-cert", f"{TLS_DIR}/tls.crt", "--tls-key", f"{TLS_DIR}/tls.key"]
@@ -248,19 +245,19 @@ def _ca_env(pool: RolloutPool) -> list[dict[str, Any]]:
     return [{"name": "CADENCE_CA_FILE", "value": f"{TLS_DIR}/ca.crt"}] if tls_secret(pool) else []
 
 
-def _tls_volumes(pool: RolloutPool) -> list[dict[str, Any]]:
+def tls_volumes(pool: RolloutPool) -> list[dict[str, Any]]:
     name = tls_secret(pool)
     return [{"name": "tls", "secret": {"secretName": name}}] if name else []
 
 
-def _tls_mounts(pool: RolloutPool) -> list[dict[str, Any]]:
+def tls_mounts(pool: RolloutPool) -> list[dict[str, Any]]:
     return [{"name": "tls", "mountPath": TLS_DIR, "readOnly": True}] if tls_secret(pool) else []
 
 
 STARTUP_CHECKS = 90  # a worker's start-up allowance, in 10 s probes: 15 minutes
 
 
-def _probe(pool: RolloutPool, path: str, port: str, **timing: int) -> dict[str, Any]:
+def probe(pool: RolloutPool, path: str, port: str, **timing: int) -> dict[str, Any]:
     get: dict[str, Any] = {"path": path, "port": port}
     if tls_secret(pool):
         get["scheme"] = "HTTPS"
@@ -394,7 +391,7 @@ def worker_policy(
     }
 
 
-def _resources(given: Mapping[str, int | str], base: Mapping[str, str]) -> dict[str, Any]:
+def pod_resources(given: Mapping[str, int | str], base: Mapping[str, str]) -> dict[str, Any]:
     requests = {**base, **given}
     limits = {k: v for k, v in given.items() if k not in ("cpu", "memory")}
     out: dict[str, Any] = {"requests": requests}
@@ -440,9 +437,9 @@ def worker_pod(
     if url is not None:
         args += ["--env-url", url, "--env-timeout-s", str(turns.timeout_s)]
         args += ["--env-tries", str(turns.tries)]
-    args += _tls_args(pool)
+    args += tls_args(pool)
     ports = [{"name": "control", "containerPort": CONTROL_PORT}]
-    env = [_token_env(pool), *_ca_env(pool)]
+    env = [token_env(pool), *_ca_env(pool)]
     if kv_transfer(group, run):
         args += ["--kv-transfer-port", str(KV_TRANSFER_PORT)]
         ports.append({"name": "kv-transfer", "containerPort": KV_TRANSFER_PORT})
@@ -459,7 +456,7 @@ def worker_pod(
             {"name": "shm", "emptyDir": {"medium": "Memory"}},
             {"name": "weights", "emptyDir": {}},
             *model_volumes(run),
-            *_tls_volumes(pool),
+            *tls_volumes(pool),
         ],
         "containers": [
             {
@@ -468,22 +465,22 @@ def worker_pod(
                 "args": args,
                 "ports": ports,
                 "env": env,
-                "resources": _resources(g.resources, WORKER_BASE),
+                "resources": pod_resources(g.resources, WORKER_BASE),
                 "securityContext": CONTAINER_SECURITY,
                 "terminationMessagePolicy": "FallbackToLogsOnError",  # why it exited
                 "volumeMounts": [
                     {"name": "shm", "mountPath": "/dev/shm"},
                     {"name": "weights", "mountPath": WEIGHTS_DIR},
                     *model_mounts(run),
-                    *_tls_mounts(pool),
+                    *tls_mounts(pool),
                 ],
                 # The worker builds its engine before it serves: a model's load and
                 # warm-up may take minutes, and the liveness probe starts only after it.
-                "startupProbe": _probe(
+                "startupProbe": probe(
                     pool, "/healthz", "control", periodSeconds=10, failureThreshold=STARTUP_CHECKS
                 ),
-                "readinessProbe": _probe(pool, "/readyz", "control", periodSeconds=5),
-                "livenessProbe": _probe(
+                "readinessProbe": probe(pool, "/readyz", "control", periodSeconds=5),
+                "livenessProbe": probe(
                     pool, "/healthz", "control", periodSeconds=10, failureThreshold=6
                 ),
             }
@@ -568,7 +565,7 @@ def trainer_name(run: TrainingRun) -> str:
 def trainer_url(run: TrainingRun, pool: RolloutPool | None = None) -> str:
     """The trainer's URL in the cluster (https when `pool` asks for TLS)."""
     host = f"{trainer_name(run)}.{run.metadata.namespace}.svc"
-    return f"{_scheme(pool)}://{host}:{TRAINER_PORT}"
+    return f"{scheme(pool)}://{host}:{TRAINER_PORT}"
 
 
 def environment_url(run: TrainingRun, pool: RolloutPool | None = None) -> str | None:
@@ -578,182 +575,5 @@ def environment_url(run: TrainingRun, pool: RolloutPool | None = None) -> str | 
     env = run.spec.multi_turn.environment
     if env == "calculator":
         host = f"{trainer_name(run)}.{run.metadata.namespace}.svc"
-        return f"{_scheme(pool)}://{host}:{ENVIRONMENT_PORT}"
+        return f"{scheme(pool)}://{host}:{ENVIRONMENT_PORT}"
     return env
-
-
-def _calculator(run: TrainingRun, pool: RolloutPool, image: str) -> list[dict[str, Any]]:
-    """The reference calculator, a second container in the trainer's pod, when the run
-    names it (`cadence run` starts it as a process); it takes the pool's token, as the
-    trainer does, and its certificate."""
-    if run.spec.multi_turn.environment != "calculator":
-        return []
-    return [
-        {
-            "name": "environment",
-            "image": image,
-            "args": [
-                "environment",
-                *("--host", "0.0.0.0", "--port", str(ENVIRONMENT_PORT)),
-                *_tls_args(pool),
-            ],
-            "ports": [{"name": "environment", "containerPort": ENVIRONMENT_PORT}],
-            "env": [_token_env(pool)],
-            "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}},
-            "securityContext": CONTAINER_SECURITY,
-            "readinessProbe": {"tcpSocket": {"port": "environment"}},
-            "volumeMounts": _tls_mounts(pool),
-        }
-    ]
-
-
-def trainer_objects(
-    run: TrainingRun, run_obj: Mapping[str, Any], pool: RolloutPool
-) -> list[dict[str, Any]]:
-    """The trainer's ConfigMap (its TrainerConfig), StatefulSet (ledger and weights on a
-    PersistentVolumeClaim) and Service."""
-    name, ns = trainer_name(run), run.metadata.namespace
-    meta = {"namespace": ns, "labels": labels(pool.metadata.name, "trainer")}
-    refs = [owner(run_obj)]
-    selector = {"cadence.dev/run": run.metadata.name, "app.kubernetes.io/component": "trainer"}
-    pod_labels = {**labels(pool.metadata.name, "trainer"), "cadence.dev/run": run.metadata.name}
-    t = run.spec.trainer
-    placement: dict[str, Any] = {}
-    if t.node_selector:
-        placement["nodeSelector"] = dict(t.node_selector)
-    if t.tolerations:
-        placement["tolerations"] = [x.model_dump(exclude_none=True) for x in t.tolerations]
-    kept = "Retain" if t.keep_state else "Delete"
-    objects: list[dict[str, Any]] = [
-        {
-            "apiVersion": "v1",
-            "kind": "ConfigMap",
-            "metadata": {"name": name, **meta, "ownerReferences": refs},
-            "data": {
-                "trainer.json": trainer_config(
-                    run, Path(run.spec.model.in_pod(MODELS_DIR)), Path(TRAINER_STATE)
-                ).model_dump_json(indent=2)
-            },
-        },
-        {
-            "apiVersion": "apps/v1",
-            "kind": "StatefulSet",
-            "metadata": {"name": name, **meta, "ownerReferences": refs},
-            "spec": {
-                "replicas": 1,
-                "serviceName": name,
-                "selector": {"matchLabels": selector},
-                "template": {
-                    "metadata": {"labels": pod_labels},
-                    "spec": {
-                        "containers": [
-                            {
-                                "name": "trainer",
-                                "image": run.spec.trainer.image or pool.spec.image,
-                                "args": [
-                                    "trainer",
-                                    *("--config", "/etc/cadence/trainer.json"),
-                                    *("--host", "0.0.0.0", "--port", str(TRAINER_PORT)),
-                                    *_tls_args(pool),
-                                ],
-                                "ports": [{"name": "http", "containerPort": TRAINER_PORT}],
-                                "env": [_token_env(pool)],
-                                "resources": _resources(t.resources, TRAINER_BASE),
-                                "securityContext": CONTAINER_SECURITY,
-                                "terminationMessagePolicy": "FallbackToLogsOnError",
-                                "readinessProbe": _probe(pool, "/healthz", "http"),
-                                "volumeMounts": [
-                                    {"name": "state", "mountPath": TRAINER_STATE},
-                                    {"name": "config", "mountPath": "/etc/cadence"},
-                                    *model_mounts(run),
-                                    *_tls_mounts(pool),
-                                ],
-                            },
-                            *_calculator(run, pool, run.spec.trainer.image or pool.spec.image),
-                        ],
-                        "volumes": [
-                            {"name": "config", "configMap": {"name": name}},
-                            *model_volumes(run),
-                            *_tls_volumes(pool),
-                        ],
-                        "automountServiceAccountToken": False,
-                        "securityContext": POD_SECURITY,
-                        **placement,
-                    },
-                },
-                # The ledger and weights go with the run unless it asks to keep them.
-                "persistentVolumeClaimRetentionPolicy": {"whenDeleted": kept, "whenScaled": kept},
-                "volumeClaimTemplates": [
-                    {
-                        "metadata": {"name": "state"},
-                        "spec": {
-                            "accessModes": ["ReadWriteOnce"],
-                            "resources": {"requests": {"storage": t.storage}},
-                        },
-                    }
-                ],
-            },
-        },
-        {
-            "apiVersion": "v1",
-            "kind": "Service",
-            "metadata": {"name": name, **meta, "ownerReferences": refs},
-            "spec": {
-                "selector": selector,
-                "ports": [
-                    {"name": "http", "port": TRAINER_PORT, "targetPort": "http"},
-                    *(
-                        [{"name": "environment", "port": ENVIRONMENT_PORT}]
-                        if run.spec.multi_turn.environment == "calculator"
-                        else []
-                    ),
-                ],
-            },
-        },
-    ]
-    template = objects[1]["spec"]["template"]
-    overlaid(template["metadata"], template["spec"], t.template)
-    return objects
-
-
-@dataclass(frozen=True, slots=True)
-class WorkerView:
-    """What scale-in needs to know of one worker pod."""
-
-    pod: str
-    version: int | None
-    resident_tokens: int
-    residents: int
-    source: bool = False  # a concentration source (departure-only)
-    ready: bool = True  # Ready and answering; a pending or silent pod serves nobody yet
-
-
-def choose_for_scale_in(
-    workers: Sequence[WorkerView],
-    unfinished_versions: set[int],
-    count: int,
-    others: Sequence[WorkerView] = (),
-) -> list[str]:
-    """Up to `count` of `workers` to remove, one at a time (docs/architecture.md): never the last
-    non-source worker of a version with unfinished work, counting the pool's `others`
-    too; among the rest, pods that are not ready (pending, unready, silent) first, then a
-    concentration source, then the emptiest (fewest resident tokens), then by name.
-    Fewer than `count` when the rule protects the rest: the caller waits for work to
-    finish."""
-    left, chosen = list(workers), list[str]()
-    while len(chosen) < count:
-        protected = set()
-        for v in unfinished_versions:
-            serving = [w for w in [*left, *others] if w.version == v and not w.source]
-            if len(serving) == 1:
-                protected.add(serving[0].pod)
-        candidates = [w for w in left if w.pod not in protected]
-        if not candidates:
-            break
-        pick = min(
-            candidates,
-            key=lambda w: (w.ready, not w.source, w.resident_tokens, w.residents, w.pod),
-        )
-        chosen.append(pick.pod)
-        left.remove(pick)
-    return chosen

@@ -4,7 +4,9 @@ Per RolloutGroup: the demand waiting for a worker of its type (the gauge
 `manifests/autoscaling/hpa.yaml` scales a group on, through prometheus-adapter), its
 workers, and their mean headroom. Per TrainingRun: its control loop's counters (cycles,
 actions, errors, re-queued samples, lost workers, the last cycle's duration) and the
-run's version and throughput. A run's series go when its control loop ends.
+run's version and throughput. A run's series go when its control loop ends. Per object:
+how many times its reconciler has run to the end (an invalid object's too), which says
+whether the operator is keeping up and when it last looked.
 
 One collector for the whole operator: kopf runs a loop per TrainingRun in one process,
 and each registers here under its namespace and name.
@@ -12,10 +14,11 @@ and each registers here under its namespace and name.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from cadence.operator.control.group_stats import GroupStats
@@ -36,8 +39,18 @@ class RunSeries:
 @dataclass(eq=False)  # registries key collectors by identity
 class OperatorMetrics(Collector):
     runs: dict[RunKey, RunSeries] = field(default_factory=dict)
+    # Reconciles run to the end, per (plural, namespace, name).
+    reconciles: Counter[tuple[str, str, str]] = field(default_factory=Counter)
 
     def collect(self) -> Iterable[Metric]:
+        reconciled = CounterMetricFamily(
+            "cadence_operator_reconciles",
+            "Reconciles of an object run to the end (an invalid object's included).",
+            labels=["kind", "namespace", "name"],
+        )
+        for (kind, namespace, name), n in sorted(self.reconciles.items()):
+            reconciled.add_metric([kind, namespace, name], n)
+        yield reconciled
         group_labels = ["namespace", "pool", "rolloutgroup"]
         gauges = {
             "pending_trajectories": "Trajectories waiting for a worker of this group's type.",

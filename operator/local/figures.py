@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Generic, NamedTuple, TypeVar
 
 from cadence.common.stats import percentile
-from cadence.operator.control.loop import ControlLoop, CycleReport
+from cadence.operator.control.config import CycleReport
+from cadence.operator.control.loop import ControlLoop
 from cadence.operator.local.mechanism import (
     MAX_EVENTS,
     Event,

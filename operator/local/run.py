@@ -32,7 +32,7 @@ from cadence.common.errors import describe
 from cadence.operator.api.capacity import group_plans, hourly_price
 from cadence.operator.api.resources import MultiTurnSpec, RolloutPool, TrainingRun
 from cadence.operator.api.settings import budgets_of, knobs_of, trainer_config
-from cadence.operator.control.loop import LoopConfig
+from cadence.operator.control.config import LoopConfig
 from cadence.operator.local import figures
 from cadence.operator.local.chaos import DEFAULT_TARGETS, Chaos
 from cadence.operator.local.figures import RunLoop, read_ledger

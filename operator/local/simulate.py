@@ -34,7 +34,7 @@ from cadence.sim.scenario import (
     Physics,
     Scenario,
     Scheduling,
-    Trainer,
+    TrainerSettings,
     Workload,
 )
 from cadence.worker.emulated import LINK_BYTES_PER_S
@@ -98,7 +98,9 @@ def scenario_of(pool: RolloutPool, run: TrainingRun, w: SimWorkload = SimWorkloa
             prompt_tokens=w.prompt_tokens,
             **_lengths(batch, w),
         ),
-        trainer=Trainer(update_seconds=w.update_seconds, weights_link_gb_s=w.weights_link_gb_s),
+        trainer=TrainerSettings(
+            update_seconds=w.update_seconds, weights_link_gb_s=w.weights_link_gb_s
+        ),
         scheduling=Scheduling(
             eta=s.eta,
             delta=s.delta,

@@ -38,8 +38,9 @@ from cadence.trainer.config import TrainerConfig
 from cadence.trainer.trainer import Trainer
 from cadence.worker import calculator
 from cadence.worker.app import create_app as worker_app
-from cadence.worker.core import Identity, WorkerCore
+from cadence.worker.core import WorkerCore
 from cadence.worker.emulated import EmulatedEngine
+from cadence.worker.held import Identity
 from cadence.worker.host import create_host_app
 from tests.trainer.factories import delivery
 from tests.worker.factories import CountingSource, FakeClock, deployment, fresh

@@ -10,7 +10,8 @@ import pytest
 from cadence.scheduler import CadencePolicy, StrandingError
 from cadence.scheduler.registry import POLICIES
 from cadence.scheduler.snapshot import worker_order
-from cadence.sim.core import Simulation, Trajectory, _slowest_tenth_share
+from cadence.sim.core import Simulation
+from cadence.sim.records import Trajectory, slowest_tenth_share
 from cadence.sim.scenario import Scenario
 from tests.helpers import TINY_SCENARIO
 
@@ -143,7 +144,7 @@ def test_slowest_tenth_share_is_the_time_after_nine_in_ten_completed() -> None:
         for i, s in enumerate(replay[:9])
     ]
     batch.append(Trajectory(replay[9], state="done", first_step=0.0, done_at=100.0))
-    assert _slowest_tenth_share(batch, prompts_per_batch=100) == pytest.approx(91 / 100)
+    assert slowest_tenth_share(batch, prompts_per_batch=100) == pytest.approx(91 / 100)
 
 
 @pytest.mark.parametrize("policy", ["sync", "laminar"])

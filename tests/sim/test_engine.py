@@ -9,7 +9,7 @@ import pytest
 
 from cadence.common.catalog import ACCELERATORS, MODELS
 from cadence.common.physics import Deployment, Efficiency
-from cadence.sim.engine import Engine, Request, Stop
+from cadence.sim.engine import ModelledEngine, Request, Stop
 
 
 def _deployment(capacity: int) -> Deployment:
@@ -26,7 +26,7 @@ def _step_s(d: Deployment, n: int, kv: int) -> float:
 
 def test_one_request_takes_exactly_its_steps() -> None:
     d = _deployment(100_000)
-    engine = Engine(d)
+    engine = ModelledEngine(d)
     engine.add(Request("a", context=1000, to_go=300))
     stops = engine.run_until(1e9)
     assert [s.request.id for s in stops] == ["a"]
@@ -42,7 +42,7 @@ def test_macro_steps_match_token_by_token_decoding() -> None:
     rng = random.Random(4)
     d = _deployment(1_000_000)
     requests = [(f"r{i}", rng.randint(10, 4000), rng.randint(1, 3000)) for i in range(40)]
-    engine = Engine(d, max_batch=1000)
+    engine = ModelledEngine(d, max_batch=1000)
     for rid, ctx, to_go in requests:
         engine.add(Request(rid, ctx, to_go))
     got = {s.request.id: s.time for s in engine.run_until(1e9)}
@@ -63,7 +63,7 @@ def test_macro_steps_match_token_by_token_decoding() -> None:
 
 
 def test_batch_limit_makes_the_third_request_wait() -> None:
-    engine = Engine(_deployment(100_000), max_batch=2)
+    engine = ModelledEngine(_deployment(100_000), max_batch=2)
     for rid, to_go in (("a", 10), ("b", 50), ("c", 10)):
         engine.add(Request(rid, 100, to_go))
     stops = engine.run_until(1e9)
@@ -72,7 +72,7 @@ def test_batch_limit_makes_the_third_request_wait() -> None:
 
 def test_prefill_occupies_the_worker_before_decoding() -> None:
     d = _deployment(100_000)
-    engine = Engine(d)
+    engine = ModelledEngine(d)
     load = d.prefill_s(8000)
     engine.add(Request("moved", 8000, 1, load_s=load))
     (stop,) = engine.run_until(1e9)
@@ -81,7 +81,7 @@ def test_prefill_occupies_the_worker_before_decoding() -> None:
 
 
 def test_transfer_in_flight_is_not_admitted_before_it_lands() -> None:
-    engine = Engine(_deployment(100_000))
+    engine = ModelledEngine(_deployment(100_000))
     engine.add(Request("late", 100, 1, ready_at=5.0))
     (stop,) = engine.run_until(1e9)
     assert stop.time > 5.0
@@ -89,7 +89,7 @@ def test_transfer_in_flight_is_not_admitted_before_it_lands() -> None:
 
 def test_full_kv_preempts_the_newest_request_and_both_still_finish() -> None:
     d = _deployment(3_000)
-    engine = Engine(d)
+    engine = ModelledEngine(d)
     engine.add(Request("old", 1000, 900))
     engine.add(Request("new", 1000, 900))
     seen_max = 0
@@ -106,7 +106,7 @@ def test_full_kv_preempts_the_newest_request_and_both_still_finish() -> None:
 
 
 def test_removed_request_carries_its_current_context() -> None:
-    engine = Engine(_deployment(100_000))
+    engine = ModelledEngine(_deployment(100_000))
     engine.add(Request("a", 500, 1000))
     engine.run_until(0.5)
     decoded = engine.steps
@@ -118,7 +118,7 @@ def test_removed_request_carries_its_current_context() -> None:
 
 
 def test_a_request_queued_behind_the_batch_limit_starts_when_a_slot_frees() -> None:
-    engine = Engine(_deployment(100_000), max_batch=1)
+    engine = ModelledEngine(_deployment(100_000), max_batch=1)
     engine.add(Request("first", context=100, to_go=50))
     engine.add(Request("queued", context=100, to_go=50))
     stops = engine.run_until(1e9)

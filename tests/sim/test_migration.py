@@ -12,7 +12,8 @@ from cadence.common.catalog import MODELS
 from cadence.scheduler import CadencePolicy
 from cadence.scheduler.registry import POLICIES
 from cadence.sim.compare import with_setting
-from cadence.sim.core import Result, Simulation
+from cadence.sim.core import Simulation
+from cadence.sim.records import Result
 from cadence.sim.scenario import Scenario
 from tests.helpers import TINY_SCENARIO
 

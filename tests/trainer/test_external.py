@@ -11,7 +11,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from cadence.operator.control.loop import ControlLoop, LoopConfig
+from cadence.operator.control.config import LoopConfig
+from cadence.operator.control.loop import ControlLoop
 from cadence.operator.local.processes import serve_trainer, worker_processes
 from cadence.scheduler.cadence import CadencePolicy
 from cadence.scheduler.snapshot import Knobs

@@ -19,9 +19,10 @@ from cadence.worker.api import (
     Source,
     TrajectoryState,
 )
-from cadence.worker.core import Identity, WorkerCore
+from cadence.worker.core import WorkerCore
 from cadence.worker.emulated import LINK_BYTES_PER_S, EmulatedEngine, Sampled, TokenSource
 from cadence.worker.engine import EngineRequest
+from cadence.worker.held import Identity
 
 
 class FakeClock:

@@ -19,8 +19,9 @@ from cadence.worker.api import (
     Source,
     TrajectoryState,
 )
-from cadence.worker.core import Identity, Refused, WorkerCore
+from cadence.worker.core import WorkerCore
 from cadence.worker.emulated import EmulatedEngine
+from cadence.worker.held import Identity, Refused
 from cadence.worker.torchsource import TorchTokenSource
 
 from .factories import FakeClock, deployment, fresh

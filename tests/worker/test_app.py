@@ -14,8 +14,9 @@ from cadence.common.web import MAX_BODY_BYTES
 from cadence.worker.api import Source
 from cadence.worker.app import create_app
 from cadence.worker.client import Peers, WorkerClient, WorkerError
-from cadence.worker.core import Identity, WorkerCore
+from cadence.worker.core import WorkerCore
 from cadence.worker.emulated import EmulatedEngine
+from cadence.worker.held import Identity
 
 from .factories import CountingSource, FakeClock, deployment, fresh, moved
 

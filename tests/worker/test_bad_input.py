@@ -17,9 +17,10 @@ import pytest
 from cadence.worker.api import FreshStart, PlaceRequest, Sampling, Source
 from cadence.worker.app import create_app, decode_forever
 from cadence.worker.client import Peers
-from cadence.worker.core import MAX_STEP_FAILURES, Identity, Refused, WorkerCore
+from cadence.worker.core import MAX_STEP_FAILURES, WorkerCore
 from cadence.worker.emulated import EmulatedEngine, Sampled
 from cadence.worker.engine import EngineRequest
+from cadence.worker.held import Identity, Refused
 from cadence.worker.torchsource import TorchTokenSource
 
 from .factories import CountingSource, FakeClock, deployment, fresh, moved

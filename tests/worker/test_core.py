@@ -8,8 +8,9 @@ import itertools
 import pytest
 
 from cadence.worker.api import ClaimRequest, Fence, PlaceRequest, ReleaseRequest
-from cadence.worker.core import Refused, WorkerCore
+from cadence.worker.core import WorkerCore
 from cadence.worker.engine import EngineRequest
+from cadence.worker.held import Refused
 
 from .factories import Pool, fresh, moved
 

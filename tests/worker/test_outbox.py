@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from cadence.worker.api import Delivery, Timings
-from cadence.worker.core import Refused
+from cadence.worker.held import Refused
 from cadence.worker.outbox import Outbox, Rejected
 
 from .factories import FakeClock, Pool, fresh

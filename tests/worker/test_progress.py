@@ -12,7 +12,8 @@ import pytest
 
 from cadence.worker.api import MAX_TOOL_CALLS
 from cadence.worker.app import create_app
-from cadence.worker.core import STALL_MIN_S, Refused, WorkerCore
+from cadence.worker.core import STALL_MIN_S, WorkerCore
+from cadence.worker.held import Refused
 
 from .factories import CountingSource, Pool, fresh
 

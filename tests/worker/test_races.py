@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from cadence.worker.api import AdvanceRequest, TrajectoryState
-from cadence.worker.core import Refused
+from cadence.worker.held import Refused
 
 from .factories import Pool, fresh, moved
 

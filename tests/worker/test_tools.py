@@ -12,9 +12,10 @@ import pytest
 
 from cadence.worker import calculator
 from cadence.worker.api import ClaimRequest, FreshStart, PlaceRequest, Source, TrajectoryState
-from cadence.worker.core import Identity, Refused, WorkerCore
+from cadence.worker.core import WorkerCore
 from cadence.worker.emulated import EmulatedEngine, Sampled
 from cadence.worker.engine import EngineRequest
+from cadence.worker.held import Identity, Refused
 from cadence.worker.tools import AskEnvironment, HttpEnvironment, ToolUse
 
 from .factories import FakeClock, Pool, deployment

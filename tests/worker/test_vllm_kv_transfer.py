@@ -29,8 +29,9 @@ from cadence.worker.api import (
     Source,
     TrajectoryState,
 )
-from cadence.worker.core import Identity, WorkerCore
+from cadence.worker.core import WorkerCore
 from cadence.worker.engine import EngineRequest, MonotonicClock, pulled_tokens
+from cadence.worker.held import Identity
 from cadence.worker.vllm_engine import KvTransfer, VllmEngine
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]

@@ -13,7 +13,8 @@ from pathlib import Path
 import httpx
 
 from cadence.common.sources import Destinations
-from cadence.operator.control.loop import ControlLoop, LoopConfig
+from cadence.operator.control.config import LoopConfig
+from cadence.operator.control.loop import ControlLoop
 from cadence.scheduler.cadence import CadencePolicy
 from cadence.scheduler.snapshot import Knobs
 from cadence.trainer.app import create_app as trainer_app
@@ -22,8 +23,9 @@ from cadence.trainer.config import TrainerConfig
 from cadence.trainer.trainer import Trainer
 from cadence.worker.app import create_app as worker_app
 from cadence.worker.client import Peers, TrainerSender
-from cadence.worker.core import Identity, WorkerCore
+from cadence.worker.core import WorkerCore
 from cadence.worker.emulated import EmulatedEngine
+from cadence.worker.held import Identity
 from cadence.worker.outbox import Outbox
 
 from ...worker.factories import CountingSource, FakeClock, deployment

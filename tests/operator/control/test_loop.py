@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from cadence.operator.control.loop import ControlLoop, LoopConfig
+from cadence.operator.control.config import LoopConfig
+from cadence.operator.control.loop import ControlLoop
 from cadence.scheduler import CadencePolicy, Knobs, StepCost, WorkerView
 from cadence.trainer.client import TrainerClient
 

@@ -16,8 +16,8 @@ from cadence.cli import build_parser
 from cadence.operator.api.capacity import group_capacities, group_plans
 from cadence.operator.api.files import load
 from cadence.operator.api.resources import RolloutGroup, RolloutPool, TrainingRun
-from cadence.operator.kube import children
-from cadence.operator.kube.children import WorkerView, choose_for_scale_in
+from cadence.operator.kube import children, trainer_objects
+from cadence.operator.kube.scale_in import ScaleInView, choose_for_scale_in
 from cadence.worker.serve import WorkerOptions, emulated_deployment
 from tests.helpers import HETEROGENEOUS
 
@@ -106,7 +106,7 @@ def test_the_pool_and_run_objects_are_valid_kubernetes_objects() -> None:
     secret = children.token_secret(pool, pool_obj)
     _valid(secret)
     assert secret["data"] != children.token_secret(pool, pool_obj)["data"]  # random
-    objects = children.trainer_objects(run, run_obj, pool)
+    objects = trainer_objects.trainer_objects(run, run_obj, pool)
     assert [o["kind"] for o in objects] == ["ConfigMap", "StatefulSet", "Service"]
     for o in objects:
         _valid(o)
@@ -125,7 +125,7 @@ def test_the_pool_and_run_objects_are_valid_kubernetes_objects() -> None:
     assert "memory" not in pod["containers"][0]["resources"]["limits"]
 
 
-W = WorkerView
+W = ScaleInView
 
 
 @pytest.mark.parametrize(
@@ -148,7 +148,7 @@ W = WorkerView
     ],
 )
 def test_scale_in_chooses_by_the_design_rule(
-    workers: list[WorkerView], unfinished: set[int], count: int, chosen: list[str]
+    workers: list[ScaleInView], unfinished: set[int], count: int, chosen: list[str]
 ) -> None:
     assert choose_for_scale_in(workers, unfinished, count) == chosen
 
@@ -219,7 +219,7 @@ def test_a_model_claim_is_mounted_read_only_where_workers_and_trainer_read_it() 
     mount = {"name": "models", "mountPath": "/models", "readOnly": True}
     assert claim in pod["spec"]["volumes"]
     assert mount in pod["spec"]["containers"][0]["volumeMounts"]
-    config_map, trainer, _ = children.trainer_objects(run, _with_uid(run, "r"), pool)
+    config_map, trainer, _ = trainer_objects.trainer_objects(run, _with_uid(run, "r"), pool)
     config = json.loads(config_map["data"]["trainer.json"])
     assert config["model_path"] == "/models/qwen3-8b"
     template = trainer["spec"]["template"]["spec"]
@@ -232,7 +232,7 @@ def test_the_pools_worker_selector_takes_its_workers_and_not_its_runs_trainer() 
     pool, run = load(EXAMPLE)
     group = RolloutGroup.model_validate(children.rollout_groups(pool, _with_uid(pool, "p"))[0])
     worker = children.worker_pod(pool, group, _with_uid(group, "g"), run, 0)
-    _, trainer, _ = children.trainer_objects(run, _with_uid(run, "r"), pool)
+    _, trainer, _ = trainer_objects.trainer_objects(run, _with_uid(run, "r"), pool)
     selector = children.worker_selector(pool.metadata.name).items()
     assert selector <= worker["metadata"]["labels"].items()
     assert not selector <= trainer["spec"]["template"]["metadata"]["labels"].items()
@@ -327,7 +327,7 @@ def test_a_pod_template_overlay_reaches_worker_and_trainer_pods_under_the_operat
 
     body = _with_uid(run, "r")
     body["spec"]["trainer"]["template"] = {"priorityClassName": "training"}
-    trainer = children.trainer_objects(type(run).model_validate(body), body, pool)[1]
+    trainer = trainer_objects.trainer_objects(type(run).model_validate(body), body, pool)[1]
     _valid(trainer)
     assert trainer["spec"]["template"]["spec"]["priorityClassName"] == "training"
 
@@ -378,7 +378,7 @@ def test_a_calculator_run_gets_the_reference_environment_beside_its_trainer() ->
     body = _with_uid(run, "r")
     body["spec"]["multiTurn"] = {"environment": "calculator", "maxToolCalls": 2, "tries": 2}
     run = type(run).model_validate(body)
-    _, trainer, service = children.trainer_objects(run, body, pool)
+    _, trainer, service = trainer_objects.trainer_objects(run, body, pool)
     _valid(trainer)
     (env,) = [
         c for c in trainer["spec"]["template"]["spec"]["containers"] if c["name"] == "environment"
@@ -408,7 +408,7 @@ def test_the_calculator_beside_the_trainer_takes_the_pools_token() -> None:
     """The environment refuses callers without the pool's token, so its container gets
     the token from the pool's Secret, as the trainer beside it does."""
     pool, run, body = _calculator_run()
-    _, trainer, _ = children.trainer_objects(run, body, pool)
+    _, trainer, _ = trainer_objects.trainer_objects(run, body, pool)
     containers = _containers(trainer)
     token = {
         "name": "CADENCE_TOKEN",
@@ -448,7 +448,7 @@ def test_a_pool_that_names_a_tls_secret_serves_every_pod_over_https() -> None:
     pod["status"] = {"podIP": "10.0.0.7"}
     assert children.pod_url(pod) == "https://fleet-h800-0.fleet-workers.default.svc:8000"
 
-    objects = children.trainer_objects(run, body, pool)
+    objects = trainer_objects.trainer_objects(run, body, pool)
     for obj in objects:
         _valid(obj)
     trainer = objects[1]
@@ -596,7 +596,7 @@ def test_a_vllm_pools_policy_admits_kv_transfer_only_from_its_own_workers(
         run,
     )
     assert not _selects(source["podSelector"], other)
-    trainer = children.trainer_objects(run, _with_uid(run, "r"), pool)[1]
+    trainer = trainer_objects.trainer_objects(run, _with_uid(run, "r"), pool)[1]
     assert not _selects(source["podSelector"], trainer["spec"]["template"])
 
     # The ports it opens are the ones the pod listens on: its side channel, UCX's range.
@@ -624,13 +624,13 @@ def test_every_pools_workers_take_control_calls_from_the_operator_trainer_and_pe
     assert scrape["from"] == [
         {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
     ]
-    trainer = children.trainer_objects(run, _with_uid(run, "r"), pool)[1]
+    trainer = trainer_objects.trainer_objects(run, _with_uid(run, "r"), pool)[1]
     assert _selects(trainer_source["podSelector"], trainer["spec"]["template"])
     assert _selects(workers["podSelector"], _first_worker(pool, run))
     assert _selects(spec["podSelector"], _first_worker(pool, run))
     # Another pool's trainer is not admitted.
     other = pool.model_copy(update={"metadata": pool.metadata.model_copy(update={"name": "x"})})
-    theirs = children.trainer_objects(run, _with_uid(run, "r"), other)[1]
+    theirs = trainer_objects.trainer_objects(run, _with_uid(run, "r"), other)[1]
     assert not _selects(trainer_source["podSelector"], theirs["spec"]["template"])
 
 
@@ -643,7 +643,7 @@ def test_every_pod_the_operator_makes_meets_the_restricted_pod_security_standard
     body = _with_uid(run, "r")
     (trainer,) = [
         o["spec"]["template"]["spec"]
-        for o in children.trainer_objects(run, body, pool)
+        for o in trainer_objects.trainer_objects(run, body, pool)
         if o["kind"] == "StatefulSet"
     ]
     for spec in (worker, trainer):

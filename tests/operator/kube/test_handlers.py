@@ -7,7 +7,8 @@ import asyncio
 from collections.abc import Mapping
 from typing import Any
 
-from cadence.operator.kube.handlers import Reconciler, condition, settled
+from cadence.operator.kube.handlers import Reconciler
+from cadence.operator.kube.reconciling import condition, settled
 from tests.helpers import example
 
 from .memory_kube import MemoryKube

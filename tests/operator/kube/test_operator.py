@@ -26,7 +26,7 @@ from cadence.devcluster.emulator import ApiError, KubernetesEmulator, call, serv
 from cadence.operator.kube.client import Kube
 from cadence.operator.kube.handlers import Reconciler
 from cadence.operator.kube.serve import operator_registry
-from tests.helpers import ROOT, TRAINING_RUN, eventually, example
+from tests.helpers import ROOT, TRAINING_RUN, eventually, example, reconciles_of
 
 EXAMPLE = TRAINING_RUN
 CRDS = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
@@ -121,10 +121,10 @@ class Operated:
     def reconciled_again(self, plural: str, name: str, times: int = 2) -> None:
         """Wait until `name` has been reconciled `times` more times than now; with two, at
         least one of them started after this call (the first may have been under way)."""
-        key = (plural, "default", name)
-        now = self.reconciler.reconciles[key]
+        metrics = self.reconciler.metrics
+        now = reconciles_of(metrics, plural, name)
         eventually(
-            lambda: self.reconciler.reconciles[key] >= now + times,
+            lambda: reconciles_of(metrics, plural, name) >= now + times,
             timeout_s=OPERATOR_S,
             what=f"{times} more reconciles of {plural}/{name} (after {now})",
         )

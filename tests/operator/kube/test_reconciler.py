@@ -15,7 +15,8 @@ import pytest
 
 from cadence.operator.api.resources import API_VERSION
 from cadence.operator.kube.client import KubeError, path
-from cadence.operator.kube.handlers import Events, Handling, Invalid, Reconciler, Status
+from cadence.operator.kube.handlers import Handling, Reconciler
+from cadence.operator.kube.reconciling import Events, Invalid, Status
 from cadence.operator.kube.supervisor import Stopped
 from cadence.trainer.app import create_app as trainer_app
 from cadence.trainer.config import TrainerConfig

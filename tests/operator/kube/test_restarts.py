@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from cadence.operator.control.loop import ControlLoop, LoopConfig
+from cadence.operator.control.config import LoopConfig
+from cadence.operator.control.loop import ControlLoop
 from cadence.operator.local.processes import (
     CADENCE,
     Workers,

@@ -8,8 +8,9 @@ from typing import Any
 
 from cadence.operator.api.files import load
 from cadence.operator.api.resources import API_VERSION
-from cadence.operator.control.loop import ControlLoop, LoopConfig
-from cadence.operator.kube.handlers import pod_endpoint
+from cadence.operator.control.config import LoopConfig
+from cadence.operator.control.loop import ControlLoop
+from cadence.operator.kube.reconciling import pod_endpoint
 from cadence.operator.kube.run_report import RunReporter
 from cadence.scheduler.cadence import CadencePolicy
 from cadence.scheduler.snapshot import Knobs

@@ -12,7 +12,7 @@ import asyncio
 import httpx
 
 from cadence.common.stats import percentile
-from cadence.operator.control.loop import LoopConfig
+from cadence.operator.control.config import LoopConfig
 from cadence.operator.local.figures import LedgerFigures, Reservoir, RunLoop, measures
 from cadence.scheduler.cadence import CadencePolicy
 from cadence.scheduler.snapshot import Knobs
