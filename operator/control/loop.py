@@ -76,6 +76,7 @@ class ControlLoop(ActionApplier):
     # placed on with one call per host and phase.
     hosts: Mapping[str, Sequence[str]] = field(default_factory=dict)
     clock: Callable[[], float] = time.monotonic
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep  # between cycles, on `clock`
     # How worker and host clients reach their URLs (tests route them to in-process apps;
     # None is the network). The trainer client is built by the caller, with its own.
     transport: httpx.AsyncBaseTransport | None = None
@@ -204,7 +205,7 @@ class ControlLoop(ActionApplier):
                 await self.cycle()
             except (TrainerError, OSError, httpx.TransportError) as e:
                 log.warning("cycle skipped: %s", describe(e))
-            await asyncio.sleep(max(0.0, self.config.period_s - (self.clock() - started)))
+            await self.sleep(max(0.0, self.config.period_s - (self.clock() - started)))
 
     # --- one cycle ---------------------------------------------------------------------
 

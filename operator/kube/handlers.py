@@ -176,6 +176,7 @@ def register(
         reconciler.control,
         handling.forget,
         interval_s=resync_s,
+        sleep=reconciler.sleep,
     )
 
     for plural, call in (

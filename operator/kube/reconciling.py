@@ -5,10 +5,12 @@ One reconciler a kind builds on it: `pools`, `groups`, `runs`."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import datetime
 import logging
-from collections.abc import Callable, Mapping, Sequence
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -139,6 +141,10 @@ class ReconcilerBase:
     # Whose calls the workers' NetworkPolicy admits: the operator's pods (this namespace)
     # and Prometheus (that one).
     operator_namespace: str = "cadence-system"
+    # The time every wait and rate of the operator is read on: a test's fake clock, or
+    # the event loop's real one.
+    clock: Callable[[], float] = time.monotonic
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
     scrapers_namespace: str = "monitoring"
 
     def __post_init__(self) -> None:

@@ -55,8 +55,9 @@ class RunReporter:
     trainer: TrainerClient
     post: Post
     series: RunSeries = field(init=False)
-    started: float = field(default_factory=time.monotonic)
-    patched: float = 0.0
+    clock: Callable[[], float] = time.monotonic  # seconds; a test's fake clock
+    started: float | None = None  # on `clock`; None: when made
+    patched: float | None = None  # when the status was last written
     seen: Counter[str] = field(default_factory=Counter)  # loop totals at the last report
     reported_lost: frozenset[str] = frozenset()
     reported_floor: set[str] = field(default_factory=set)  # workers warned of a thin hMin
@@ -64,6 +65,8 @@ class RunReporter:
     uids: dict[str, str] = field(default_factory=dict)  # each member pod's UID
 
     def __post_init__(self) -> None:
+        if self.started is None:
+            self.started = self.clock()
         self.series = RunSeries(pool=self.pool.metadata.name, loop=self.loop)
         self.phase = (self.body.get("status") or {}).get("phase")
         self._shape(self.pool)
@@ -89,9 +92,10 @@ class RunReporter:
             log.debug("run %s keeps its pool's groups: %s", self.run.metadata.name, e)
 
     async def done(self) -> bool:
-        if time.monotonic() - self.patched < self.status_every_s:
+        now = self.clock()
+        if self.patched is not None and now - self.patched < self.status_every_s:
             return False
-        self.patched = time.monotonic()
+        self.patched = now
         kube, ns = self.kube, self.run.metadata.namespace
         try:
             pool = await kube.get(path(API_VERSION, "rolloutpools", ns, self.pool.metadata.name))
@@ -114,7 +118,7 @@ class RunReporter:
             stats = await self.trainer.stats()
         except (TrainerError, OSError, httpx.TransportError):
             return False
-        wall = time.monotonic() - self.started
+        wall = max(self.clock() - (self.started or 0.0), 1e-9)
         hourly = sum(
             self.prices.get(p["metadata"]["labels"].get("cadence.dev/group", ""), 0.0) for p in pods
         )

@@ -7,7 +7,6 @@ releases its pool and stops its trainer (its completion policy)."""
 
 from __future__ import annotations
 
-import asyncio
 import datetime
 import logging
 from collections.abc import Mapping
@@ -210,7 +209,7 @@ class RunReconciler(ReconcilerBase):
             pool_obj = await self.kube.get(self._pool_url(ns, run.spec.pool))
             if ((pool_obj or {}).get("status") or {}).get("run") == name:
                 break
-            await asyncio.sleep(1.0)  # stopped is checked each turn
+            await self.sleep(1.0)  # stopped is checked each turn
         if stopped or pool_obj is None:
             return
         pool: RolloutPool = validated(RolloutPool, pool_obj)
@@ -233,7 +232,7 @@ class RunReconciler(ReconcilerBase):
                 await client.stats()
                 break
             except (TrainerError, OSError, httpx.HTTPError):
-                await asyncio.sleep(2.0)  # stopped is checked each turn
+                await self.sleep(2.0)  # stopped is checked each turn
         if stopped:
             await client.aclose()
             return
@@ -249,9 +248,20 @@ class RunReconciler(ReconcilerBase):
             client,
             {},
             token,
+            clock=self.clock,
+            sleep=self.sleep,
         )
         reporter = RunReporter(
-            self.kube, self.endpoint, self.status_every_s, run, pool, body, loop, client, self.post
+            self.kube,
+            self.endpoint,
+            self.status_every_s,
+            run,
+            pool,
+            body,
+            loop,
+            client,
+            self.post,
+            clock=self.clock,
         )
         self.metrics.runs[(ns, name)] = reporter.series
 

@@ -24,7 +24,7 @@ import asyncio
 import contextlib
 import copy
 import logging
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -67,6 +67,7 @@ class Supervisor:
     control: Control  # Reconciler.control
     forget: Callable[[Key], None] = lambda key: None  # what else is kept per object
     interval_s: float = 5.0
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep  # a test's fake time
     stop_timeout_s: float = 10.0  # a loop asked to stop is cancelled after this
     seen: dict[Key, dict[str, Any]] = field(default_factory=dict)
     loops: dict[Key, Loop] = field(default_factory=dict)
@@ -97,7 +98,7 @@ class Supervisor:
                 await self.turn()
             except Exception:  # a bug here must not end every object's resync
                 log.exception("the supervisor's turn failed")
-            await asyncio.sleep(self.interval_s)
+            await self.sleep(self.interval_s)
 
     async def turn(self) -> None:
         """Each object reconciled once more, and each run's loop running."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -27,7 +28,9 @@ def _pod(name: str, uid: str, ip: str | None, ready: bool) -> dict[str, Any]:
     return {"metadata": {"name": name, "uid": uid, "labels": {}}, "spec": {}, "status": status}
 
 
-def _reporter(kube: MemoryKube | None, trainer: TrainerClient) -> RunReporter:
+def _reporter(
+    kube: MemoryKube | None, trainer: TrainerClient, clock: Any = time.monotonic
+) -> RunReporter:
     """The example run's reporter, over a loop with no worker yet."""
     pool, run = load(TRAINING_RUN)
     knobs = Knobs(h_min=256, delta=16, eta=1)
@@ -42,6 +45,7 @@ def _reporter(kube: MemoryKube | None, trainer: TrainerClient) -> RunReporter:
         loop=loop,
         trainer=trainer,
         post=lambda *_: None,
+        clock=clock,
     )
 
 
@@ -123,3 +127,38 @@ def test_a_pool_spec_the_models_refuse_leaves_the_reported_groups_as_they_were()
         "mixed-h800",
         "mixed-a910x",
     }
+
+
+class _CountingKube:
+    """An API server with no pool: every read counted."""
+
+    def __init__(self) -> None:
+        self.reads = 0
+
+    async def get(self, url: str) -> None:
+        self.reads += 1
+
+    async def list(self, url: str, selector: Any = None) -> list[Any]:
+        self.reads += 1
+        return []
+
+
+def test_a_runs_status_is_read_and_written_at_most_once_a_period_on_its_clock() -> None:
+    trainer = TrainerClient("http://127.0.0.1:9", "t")  # never called: no pool
+    now = [100.0]
+    kube = _CountingKube()
+    reporter = _reporter(None, trainer, clock=lambda: now[0])
+    reporter.kube = kube  # type: ignore[assignment]
+
+    async def go() -> None:
+        assert await reporter.done()  # its pool is gone: the loop ends
+        assert kube.reads == 2
+        now[0] += 0.5  # within status_every_s (1 s): nothing read
+        assert not await reporter.done()
+        assert kube.reads == 2
+        now[0] += 0.6
+        assert await reporter.done()
+        assert kube.reads == 4
+        await trainer.aclose()
+
+    asyncio.run(go())
