@@ -3,9 +3,11 @@ README stays a front door, and nothing in the repository points outside it."""
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -79,3 +81,35 @@ def test_nothing_in_the_repository_points_outside_it() -> None:
             continue
         found += [f"{name}: {o}" for o in outside if o in text]
     assert not found, found
+
+
+def _families(collector: Any) -> set[str]:
+    return {family.name for family in collector.collect()}
+
+
+def test_the_metrics_page_names_every_metric_the_operator_and_a_worker_export() -> None:
+    """The page is written by hand (the worker's and trainer's collectors need an engine
+    and a model): this keeps it whole for the operator's and a worker's."""
+    from cadence.operator.control.config import LoopConfig  # noqa: PLC0415
+    from cadence.operator.control.group_stats import GroupStats  # noqa: PLC0415
+    from cadence.operator.control.loop import ControlLoop  # noqa: PLC0415
+    from cadence.operator.kube.metrics import OperatorMetrics, RunSeries  # noqa: PLC0415
+    from cadence.scheduler.cadence import CadencePolicy  # noqa: PLC0415
+    from cadence.scheduler.snapshot import Knobs  # noqa: PLC0415
+    from cadence.trainer.client import TrainerClient  # noqa: PLC0415
+    from cadence.worker.app import _CoreCollector  # noqa: PLC0415
+    from tests.worker.factories import Pool  # noqa: PLC0415
+
+    page = (REFERENCE / "metrics.md").read_text()
+    trainer = TrainerClient("http://127.0.0.1:9", "t")  # never called
+    loop = ControlLoop(
+        CadencePolicy(), LoopConfig(knobs=Knobs(h_min=1, delta=1, eta=1)), trainer, {}, "t"
+    )
+    metrics = OperatorMetrics()
+    metrics.runs[("ns", "run")] = RunSeries(pool="p", loop=loop, groups={"p-g": GroupStats()})
+    metrics.reconciles[("rolloutpools", "ns", "p")] += 1
+    names = _families(metrics) | _families(_CoreCollector(Pool().add("w0")))
+    missing = sorted(n for n in names if f"`{n}`" not in page)
+    asyncio.run(trainer.aclose())
+    assert not missing, f"docs/reference/metrics.md lacks {missing}"
+    assert len(names) > 25
