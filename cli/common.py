@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import NoReturn, TypeAlias
 
@@ -112,3 +112,15 @@ def setting_value(text: str) -> object:
         except ValueError:
             pass
     return text
+
+
+def check_generated(files: Mapping[str, str], folder: Path, command: str) -> None:
+    """RunFailed naming the files under `folder` that differ from what `command` would
+    write (`files`: name -> text), so CI can tell a generated folder is stale."""
+    stale = [
+        name
+        for name, text in files.items()
+        if not (folder / name).is_file() or (folder / name).read_text() != text
+    ]
+    if stale:
+        raise RunFailed(f"{folder} is stale ({', '.join(stale)}); run cadence {command}")

@@ -10,7 +10,14 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from cadence.cli.common import Commands, RunFailed, UsageError, at_least, positive_seconds
+from cadence.cli.common import (
+    Commands,
+    RunFailed,
+    UsageError,
+    at_least,
+    check_generated,
+    positive_seconds,
+)
 
 
 def _cmd_operator(args: argparse.Namespace) -> int:
@@ -46,13 +53,7 @@ def _cmd_crds(args: argparse.Namespace) -> int:
     from cadence.operator.kube import crds  # noqa: PLC0415
 
     if args.check:
-        stale = [
-            name
-            for name, text in crds.rendered().items()
-            if not (args.out / name).is_file() or (args.out / name).read_text() != text
-        ]
-        if stale:
-            raise RunFailed(f"{args.out} is stale ({', '.join(stale)}); run cadence crds")
+        check_generated(crds.rendered(), args.out, "crds")
         return 0
     for path in crds.write(args.out):
         print(path)
