@@ -91,7 +91,7 @@ NAMESPACES = kmock.resource("", "v1", "namespaces")
 VERBS = {"create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"}
 NAME_COLUMN = {"name": "Name", "type": "string", "format": "name", "description": "", "priority": 0}
 AGE_COLUMN = {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}
-HISTORY = 256  # requests kmock remembers (its routing rescans them all per request)
+HISTORY = 16  # requests kmock remembers (its routing rescans them all per request)
 _NAMESPACE_PATH = re.compile(r"/api/v1/namespaces(?:/([^/]+))?/?")
 _ALL = "/api/v1/namespaces/*"
 _VERBS = {
@@ -108,6 +108,7 @@ _WRITES = {
     kmock.method.PATCH: kmock.action.UPDATE,
     kmock.method.DELETE: kmock.action.DELETE,
 }
+_STORES = set(_WRITES.values())
 
 
 @attrs.define(kw_only=True)
@@ -117,6 +118,8 @@ class KubernetesEmulator(kmock.KubernetesEmulator):
     _revision: int = attrs.field(default=0, init=False)
     # (User-Agent, RBAC verb, API group, resource[/subresource]) of every request.
     audit: list[tuple[str, str, str, str]] = attrs.field(factory=list, init=False)
+    # Who waits for the next write (`written`), in the loop that serves the emulator.
+    _waiting: list[asyncio.Future[None]] = attrs.field(factory=list, init=False)
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -188,7 +191,19 @@ class KubernetesEmulator(kmock.KubernetesEmulator):
         response = await super()._handle(request)
         if request.action in {kmock.action.DELETE, kmock.action.UPDATE}:
             await self._collect_garbage()
+        if request.action in _STORES:
+            for waiter in self._waiting:
+                if not waiter.done():
+                    waiter.set_result(None)
+            self._waiting.clear()
         return response
+
+    async def written(self) -> None:
+        """Return once the emulator has served its next write: what a test in the loop that
+        serves it waits on instead of polling the API."""
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiting.append(waiter)
+        await waiter
 
     def _admit(self, request: kmock.Request) -> aiohttp.web.Response | None:
         """What kube-apiserver does to a custom resource before storing it: a write to
@@ -706,6 +721,24 @@ def _age(timestamp: str) -> str:
     return f"{seconds // 86400}d"
 
 
+@contextlib.asynccontextmanager
+async def served(emulator: KubernetesEmulator, port: int = 0) -> AsyncIterator[str]:
+    """Serve the emulator on `port` (0: a free one) of 127.0.0.1 in the running event loop;
+    yields the base URL (`http://127.0.0.1:PORT`). A test that runs its clients in the
+    same loop can put that loop on fake time: every request is answered within it."""
+    async with emulator:
+        server = aiohttp.web.Server(emulator, handler_cancellation=True)
+        runner = aiohttp.web.ServerRunner(server, shutdown_timeout=0.5)
+        await runner.setup()
+        try:
+            site = aiohttp.web.TCPSite(runner, "127.0.0.1", port)
+            await site.start()
+            host, bound = runner.addresses[0][:2]
+            yield f"http://{host}:{bound}"
+        finally:
+            await runner.cleanup()
+
+
 @contextlib.contextmanager
 def serve(emulator: KubernetesEmulator | None = None, port: int = 0) -> Iterator[str]:
     """Serve the emulator on `port` (0: a free one) of 127.0.0.1 from a thread with its own
@@ -721,18 +754,9 @@ def serve(emulator: KubernetesEmulator | None = None, port: int = 0) -> Iterator
     stop = asyncio.Event()
 
     async def main() -> None:
-        async with handler:
-            server = aiohttp.web.Server(handler, handler_cancellation=True)
-            runner = aiohttp.web.ServerRunner(server, shutdown_timeout=0.5)
-            await runner.setup()
-            try:
-                site = aiohttp.web.TCPSite(runner, "127.0.0.1", port)
-                await site.start()
-                host, bound = runner.addresses[0][:2]
-                url.set_result(f"http://{host}:{bound}")
-                await stop.wait()
-            finally:
-                await runner.cleanup()
+        async with served(handler, port) as bound:
+            url.set_result(bound)
+            await stop.wait()
 
     def run() -> None:
         try:
@@ -806,4 +830,4 @@ def call(url: str, method: str, path: str, body: Any = None, content_type: str =
         raise ApiError(exc.code, status) from None
 
 
-__all__ = ["ApiError", "KubernetesEmulator", "call", "serve", "write_kubeconfig"]
+__all__ = ["ApiError", "KubernetesEmulator", "call", "serve", "served", "write_kubeconfig"]

@@ -10,6 +10,7 @@ against it; `rules` lists every CEL rule with the path of the object it applies 
 from __future__ import annotations
 
 import copy
+import functools
 from collections.abc import Iterator
 from typing import Any
 
@@ -133,10 +134,9 @@ def cel_broken(
     objects; the others run on the new object either way."""
     obj = apply_defaults(schema, obj)
     stored = None if old is None else apply_defaults(schema, old)
-    env = celpy.Environment()
     broken = []
     for path, rule in rules(schema):
-        program = env.program(env.compile(rule["rule"]))
+        program = _program(rule["rule"])
         if transition(rule):
             # An item of a list has no old item to compare it with unless the list is
             # x-kubernetes-list-type map (none with rules here): the API server refuses
@@ -154,6 +154,14 @@ def cel_broken(
                 where = ".".join(path).replace(".[]", "[*]").replace(".{}", "[*]")
                 broken.append((where, rule["message"]))
     return broken
+
+
+@functools.cache
+def _program(rule: str) -> celpy.Runner:
+    """A rule compiled once: cel-python builds a parser (about 25 ms) per Environment and
+    compiles on every call, which made each write to the emulator cost tens of ms."""
+    env = celpy.Environment()
+    return env.program(env.compile(rule))
 
 
 def refusals(
