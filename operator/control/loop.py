@@ -35,6 +35,7 @@ import httpx
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from cadence.common.clock import loop_time
 from cadence.common.errors import describe
 from cadence.operator.control.apply import ActionApplier
 from cadence.operator.control.config import CycleReport, LoopConfig
@@ -75,7 +76,7 @@ class ControlLoop(ActionApplier):
     # Host URL -> the workers it hosts (`worker/host.py`): observed, evicted from and
     # placed on with one call per host and phase.
     hosts: Mapping[str, Sequence[str]] = field(default_factory=dict)
-    clock: Callable[[], float] = time.monotonic
+    clock: Callable[[], float] = loop_time
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep  # between cycles, on `clock`
     # How worker and host clients reach their URLs (tests route them to in-process apps;
     # None is the network). The trainer client is built by the caller, with its own.

@@ -20,7 +20,6 @@ import asyncio
 import datetime
 import logging
 import socket
-import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -28,6 +27,7 @@ from typing import Any
 
 import httpx
 
+from cadence.common.clock import loop_time
 from cadence.operator.kube.client import Kube, KubeError, path
 
 log = logging.getLogger("cadence.operator")
@@ -54,7 +54,7 @@ class LeaderElector:
     duration_s: float = 15.0  # a standby takes over this long after the last renewal
     renew_deadline_s: float = 10.0  # a leader that cannot renew for this long stops
     retry_s: float = 2.0
-    clock: Callable[[], float] = time.monotonic
+    clock: Callable[[], float] = loop_time
     leading: bool = False
     observed: tuple[Any, Any] | None = None  # (holder, renewTime) as last read
     observed_at: float = 0.0

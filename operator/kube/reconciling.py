@@ -9,7 +9,6 @@ import asyncio
 import base64
 import datetime
 import logging
-import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,6 +16,7 @@ from typing import Any
 import httpx
 from pydantic import BaseModel, ValidationError
 
+from cadence.common.clock import loop_time
 from cadence.common.complaints import first_complaint
 from cadence.operator.api.resources import (
     API_VERSION,
@@ -143,7 +143,7 @@ class ReconcilerBase:
     operator_namespace: str = "cadence-system"
     # The time every wait and rate of the operator is read on: a test's fake clock, or
     # the event loop's real one.
-    clock: Callable[[], float] = time.monotonic
+    clock: Callable[[], float] = loop_time
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
     scrapers_namespace: str = "monitoring"
 

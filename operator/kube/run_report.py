@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import datetime
 import logging
-import time
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -17,6 +16,7 @@ from typing import Any
 import httpx
 from pydantic import ValidationError
 
+from cadence.common.clock import loop_time
 from cadence.operator.api.capacity import group_capacities, hourly_price
 from cadence.operator.api.resources import API_VERSION, RolloutPool, TrainingRun, as_written
 from cadence.operator.control.group_stats import GroupShape, group_stats
@@ -55,7 +55,7 @@ class RunReporter:
     trainer: TrainerClient
     post: Post
     series: RunSeries = field(init=False)
-    clock: Callable[[], float] = time.monotonic  # seconds; a test's fake clock
+    clock: Callable[[], float] = loop_time  # seconds; a test's fake clock
     started: float | None = None  # on `clock`; None: when made
     patched: float | None = None  # when the status was last written
     seen: Counter[str] = field(default_factory=Counter)  # loop totals at the last report
