@@ -20,7 +20,6 @@ from pathlib import Path
 from types import FrameType
 from typing import Literal
 
-import torch
 import uvicorn
 
 from cadence.common import web
@@ -37,7 +36,6 @@ from cadence.worker.held import Identity, Refused
 from cadence.worker.host import create_host_app
 from cadence.worker.outbox import Outbox
 from cadence.worker.tools import HttpEnvironment, ToolUse
-from cadence.worker.torchsource import TorchTokenSource
 from cadence.worker.vllm_engine import KV_BLOCK, KvTransfer, VllmEngine
 
 log = logging.getLogger("cadence.worker")
@@ -176,6 +174,9 @@ def build(options: WorkerOptions) -> WorkerCore:
             kv_transfer=_kv_transfer(options),
         )
     else:
+        # torch and transformers take seconds to import: only a worker that decodes does.
+        from cadence.worker.torchsource import TorchTokenSource  # noqa: PLC0415
+
         deployment = emulated_deployment(options)
         engine = EmulatedEngine(
             deployment,
@@ -317,6 +318,8 @@ def serve(options: WorkerOptions) -> None:
 def serve_host(workers: list[WorkerOptions], *, host: str, port: int, grace_s: float) -> None:
     """Several emulated workers in this process, each mounted at `/<id>` on one port
     (`host.py`). Killing the process loses them all, as losing a node would."""
+    import torch  # noqa: PLC0415  # see build()
+
     # One torch thread per step: a host's workers step concurrently on few cores.
     torch.set_num_threads(1)
 
