@@ -8,14 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from cadence.worker.tinymodel import make_tiny_llama
-
 
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny random-weight Llama (`make_tiny_llama`'s default shape), built once per
     session. Shared: read it, never write into its folder (a test that must, or that needs
     another shape, builds its own)."""
+    from cadence.worker.tinymodel import make_tiny_llama  # noqa: PLC0415  # torch: only where needed
+
     return make_tiny_llama(tmp_path_factory.mktemp("tiny-model"))
 
 

@@ -25,8 +25,7 @@ from cadence.operator.kube import children
 from cadence.operator.kube.client import Kube
 from cadence.operator.kube.handlers import Reconciler
 from tests.helpers import documents, eventually
-
-from .test_operator import (
+from tests.operator.kube.harness import (
     EXAMPLE,
     NS,
     OPERATOR_S,

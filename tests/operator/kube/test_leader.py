@@ -18,7 +18,7 @@ from cadence.operator.kube.leader import LeaderElector
 from cadence.operator.kube.serve import Health, operate
 from tests.helpers import eventually, example, reconciles_of
 
-from .test_operator import NS, OPERATOR_S, RBAC, TIMER_S, _granted, emulator
+from .harness import NS, OPERATOR_S, RBAC, TIMER_S, _granted, emulator
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -62,7 +62,10 @@ def test_a_lease_passes_only_when_its_holder_goes_quiet_or_lets_go() -> None:
 
 
 class ElectedOperator:
-    """An operator with leader election, in a thread of its own, from `start` to `stop`."""
+    """An operator with leader election, in a thread of its own, from `start` to `stop`.
+    On real time, unlike the operator's other tests (`fake_cluster.py`): two kopf
+    operators cannot share one event loop, since one stopping cancels every task made
+    after it started, the other's included."""
 
     def __init__(self, url: str, name: str) -> None:
         self.url, self.name = url, name
