@@ -112,6 +112,19 @@ class RunStats(_Body):
     accepted_twice: int = 0  # samples accepted more than once (a ledger bug if not 0)
 
 
+class RunSettings(_Body):
+    """GET /v1/settings: what an external trainer must agree with (its group size, batch,
+    staleness bound, sampling and token limits), as this run was started with."""
+
+    task: str
+    group_size: int
+    batch_groups: int
+    iterations: int
+    eta: int
+    max_tokens: int
+    temperature: float
+
+
 class SubmittedPrompt(_Body):
     """A prompt from an external trainer: token ids, or text the trainer tokenises."""
 

@@ -38,6 +38,7 @@ from cadence.trainer.api import (
     RecordRequest,
     RequeueRequest,
     RequeueResponse,
+    RunSettings,
     RunStats,
     SubmitRequest,
     VersionInfo,
@@ -209,9 +210,22 @@ def _weights_routes(trainer: Trainer, guarded: Any, route_class: type[APIRoute])
 
 
 def _external_routes(trainer: Trainer, guarded: Any, route_class: type[APIRoute]) -> APIRouter:
-    """What an external trainer calls: submit prompts, take whole batches, publish versions."""
+    """What an external trainer calls: read the run's settings, submit prompts, take whole
+    batches, publish versions."""
     router = APIRouter(route_class=route_class)
     config = trainer.config
+
+    @router.get("/v1/settings", dependencies=guarded)
+    async def settings() -> RunSettings:
+        return RunSettings(
+            task=config.task,
+            group_size=config.group_size,
+            batch_groups=config.batch_groups,
+            iterations=config.iterations,
+            eta=config.eta,
+            max_tokens=config.max_tokens,
+            temperature=config.temperature,
+        )
 
     @router.post("/v1/prompts", dependencies=guarded)
     async def submit(body: SubmitRequest) -> dict[str, int]:

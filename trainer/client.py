@@ -28,6 +28,7 @@ from cadence.trainer.api import (
     RecordRequest,
     RequeueRequest,
     RequeueResponse,
+    RunSettings,
     RunStats,
     SubmitRequest,
     SubmittedPrompt,
@@ -75,6 +76,10 @@ class TrainerClient(ServiceClient):
         return RunStats.model_validate(await self._call("GET", "/v1/stats"))
 
     # --- for external trainers -----------------------------------------------------------
+
+    async def settings(self) -> RunSettings:
+        """The run's group size, batch, iterations, eta, sampling and token limits."""
+        return RunSettings.model_validate(await self._call("GET", "/v1/settings"))
 
     async def submit(self, prompts: Sequence[SubmittedPrompt]) -> int:
         """Queue prompts for admission, in order; returns how many are queued in all."""
