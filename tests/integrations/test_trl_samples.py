@@ -1,0 +1,52 @@
+"""How a sample Cadence delivers becomes TRL's rollout sample (`integrations/trl/rollout.py`):
+the model's tokens are trained on with their behaviour logprobs, an environment's are
+context, the version is the oldest that generated a model turn, and advantages are TRL's
+group-normalised ones over the scorable samples. No TRL needed."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from cadence.integrations.trl.rollout import group_advantages, tokens_of
+from cadence.trainer.api import BatchSample
+from cadence.worker.api import Delivery, Timings, Turn
+
+
+def _sample(turns: list[Turn], version: int = 3) -> BatchSample:
+    delivery = Delivery(
+        id="s-1",
+        attempt=0,
+        version=version,
+        worker_id="w0",
+        prompt_token_ids=[5, 6],
+        turns=turns,
+        timings=Timings(),
+        finished_at=0.0,
+    )
+    return BatchSample(id="s-1", group=0, version=version, failed=False, delivery=delivery)
+
+
+def test_model_tokens_are_trained_with_their_logprobs_and_tool_output_is_context() -> None:
+    sample = _sample(
+        [
+            Turn(role="model", token_ids=[7, 8], logprobs=[-0.5, -1.0], version=2),
+            Turn(role="environment", token_ids=[9]),
+            Turn(role="model", token_ids=[10], logprobs=[-0.25], version=3),
+        ]
+    )
+    ids, mask, logprobs, version = tokens_of(sample)
+    assert ids == [5, 6, 7, 8, 9, 10]
+    assert mask == [0, 0, 1, 1, 0, 1]
+    assert logprobs == [0.0, 0.0, -0.5, -1.0, 0.0, -0.25]
+    assert version == 2  # the oldest policy that wrote any of its tokens
+
+
+def test_advantages_are_trls_over_the_scorable_samples_of_a_group() -> None:
+    advantages, mean, std = group_advantages([1.0, 0.0, float("nan"), 0.5])
+    assert math.isclose(mean, 0.5) and math.isclose(std, float(np.std([1.0, 0.0, 0.5])))
+    assert advantages[2] == 0.0  # unscorable: no push either way
+    assert np.allclose(advantages[[0, 1, 3]], [(r - 0.5) / (std + 1e-8) for r in (1.0, 0.0, 0.5)])
+    none, mean, _ = group_advantages([float("nan")] * 3)
+    assert (none == 0.0).all() and math.isnan(mean)
