@@ -24,12 +24,15 @@ from cadence.trainer.config import TrainerConfig
 from cadence.trainer.rewards import digits_reward
 
 pytest.importorskip("trl", reason="the trl extra is not installed")
+import numpy as np
+import torch
 from datasets import Dataset
-from transformers import AutoTokenizer
+from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl.experimental.async_grpo.async_grpo_config import AsyncGRPOConfig
 from trl.experimental.async_grpo.async_grpo_trainer import AsyncGRPOTrainer
+from trl.experimental.async_grpo.packing import TreeRow
 
-from cadence.integrations.trl.cpu import run_on_cpu
+from cadence.integrations.trl.cpu import register_torch_tree_attention, run_on_cpu
 
 TOKEN = "s3cret"
 G, B, ITERATIONS, ETA, MAX_TOKENS = 4, 2, 3, 1, 8
@@ -140,3 +143,60 @@ def test_trls_async_grpo_trainer_trains_on_a_cadence_pool(tmp_path: Path, tiny_m
     assert not any(h.get("sample/dropped_stale_total") for h in logged)
     staleness = [h["sample/staleness_max"] for h in logged if "sample/staleness_max" in h]
     assert staleness and max(staleness) <= ETA
+
+
+def test_the_cpu_tree_attention_scores_packed_samples_as_plain_attention_does(
+    tiny_model: Path,
+) -> None:
+    """TRL forwards samples that share a prompt once, as a prefix tree; on CPU the
+    torch tree attention must give each trained token the logprob an ordinary causal
+    forward of its own sample gives it."""
+    register_torch_tree_attention()
+    packed_model = AutoModelForCausalLM.from_pretrained(
+        tiny_model, attn_implementation="tree_fa3", dtype=torch.float32
+    )
+    plain = AutoModelForCausalLM.from_pretrained(
+        tiny_model, attn_implementation="eager", dtype=torch.float32
+    )
+    samples = [
+        {"input_ids": [2, 5, 6, 7, 9, 11], "completion_mask": [0, 0, 0, 1, 1, 1]},
+        {"input_ids": [2, 5, 6, 8, 10], "completion_mask": [0, 0, 0, 1, 1]},
+        {"input_ids": [3, 4], "completion_mask": [0, 1]},
+    ]
+    row = TreeRow()  # type: ignore[no-untyped-call]
+    for s in samples:
+        n = len(s["input_ids"])
+        row.add(
+            {
+                "input_ids": np.array(s["input_ids"]),
+                "completion_mask": np.array(s["completion_mask"]),
+                "old_log_probs": np.zeros(n, np.float32),
+                "advantage": 1.0,
+                "group_id": 0,
+            }
+        )
+    p = row.pack()
+    with torch.no_grad():
+        logits = packed_model(
+            input_ids=p["input_ids"][None],
+            position_ids=p["position_ids"][None],
+            tree_kv_index=p["tree_kv_index"],
+            tree_cu_seqlens_q=p["tree_cu_seqlens_q"],
+            tree_cu_seqlens_k=p["tree_cu_seqlens_k"],
+            tree_max_seqlen_q=int(p["tree_max_seqlens"][0]),
+            tree_max_seqlen_k=int(p["tree_max_seqlens"][1]),
+        ).logits[0]
+        labels = p["shift_labels"][p["token_index"]]
+        packed = torch.log_softmax(logits[p["token_index"]].float(), -1)
+        packed = packed.gather(-1, labels[:, None])[:, 0]
+        expected = []
+        for s in samples:
+            ids = torch.tensor(s["input_ids"])[None]
+            lp = torch.log_softmax(plain(ids).logits[0].float(), -1)
+            expected += [
+                float(lp[t - 1, ids[0, t]])
+                for t in range(1, ids.shape[1])
+                if s["completion_mask"][t]
+            ]
+    assert len(expected) == len(packed) == 6
+    assert torch.allclose(packed, torch.tensor(expected), atol=1e-5)
