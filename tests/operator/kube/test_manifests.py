@@ -170,7 +170,7 @@ def test_the_operator_is_granted_nothing_by_wildcard() -> None:
     assert ("cadence.dev", "rolloutgroups/finalizers", "update") in granted
 
 
-@pytest.mark.parametrize("name", ["trainingrun.yaml", "heterogeneous.yaml"])
+@pytest.mark.parametrize("name", ["trainingrun.yaml", "heterogeneous.yaml", "trl.yaml"])
 def test_the_examples_are_valid_resources(name: str) -> None:
     docs = [d for d in yaml.safe_load_all((MANIFESTS / "examples" / name).read_text()) if d]
     assert sorted(d["kind"] for d in docs) == ["RolloutPool", "TrainingRun"]
