@@ -27,6 +27,7 @@ from safetensors.torch import load
 from transformers import AutoModelForCausalLM
 
 from cadence.common.statelock import StateLock
+from cadence.common.tensors import WeightsMismatch, load_weights
 from cadence.common.vocabulary import Vocabulary
 from cadence.trainer.config import TrainerConfig
 from cadence.trainer.grpo import (
@@ -273,7 +274,9 @@ class Trainer:
                 raise LedgerError(f"batch {u} is not complete")
         with self.model_lock:
             try:
-                self.model.load_state_dict(load(data), strict=True)
+                load_weights(self.model, load(data))
+            except WeightsMismatch as e:
+                raise LedgerError(str(e)) from None
             except Exception as e:
                 raise LedgerError(f"the weights do not fit the model: {e}") from None
             self.store.publish(self.model, version)

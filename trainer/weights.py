@@ -18,6 +18,8 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
+from cadence.common.tensors import load_weights, weights_of
+
 
 class WeightStore:
     def __init__(self, directory: Path) -> None:
@@ -40,7 +42,7 @@ class WeightStore:
 
     def publish(self, model: Any, version: int) -> str:
         """Write the model's weights as `version`; returns their sha256."""
-        tensors = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+        tensors = weights_of(model)  # a tied tensor once, as exported checkpoints hold it
         self.directory.mkdir(parents=True, exist_ok=True)  # deleted under a running trainer
         _write(self.path(version), tensors)
         digest = hashlib.sha256(self.path(version).read_bytes()).hexdigest()
@@ -48,7 +50,7 @@ class WeightStore:
         return digest
 
     def load_into(self, model: Any, version: int) -> None:
-        model.load_state_dict(load_file(self.path(version)), strict=True)
+        load_weights(model, load_file(self.path(version)))
 
     def retain(self, keep: Iterable[int]) -> list[int]:
         """Remove every version not in `keep`; returns the removed ones."""

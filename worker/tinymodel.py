@@ -25,10 +25,17 @@ _CORPUS = [
 
 
 def make_tiny_llama(
-    path: Path, *, vocab_size: int = 1024, seed: int = 0, max_positions: int = 4096
+    path: Path,
+    *,
+    vocab_size: int = 1024,
+    seed: int = 0,
+    max_positions: int = 4096,
+    tie_embeddings: bool = False,
 ) -> Path:
     """Write a random-weight LlamaForCausalLM (2 layers, hidden 128, 2 heads of 64, one KV
-    head, `max_positions` long) and its tokenizer into `path`; returns `path`."""
+    head, `max_positions` long; its output layer tied to its input embeddings with
+    `tie_embeddings`, as many small chat models are) and its tokenizer into `path`;
+    returns `path`."""
     path.mkdir(parents=True, exist_ok=True)
     bpe = Tokenizer(models.BPE(unk_token="<unk>"))
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -62,7 +69,7 @@ def make_tiny_llama(
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
-        tie_word_embeddings=False,
+        tie_word_embeddings=tie_embeddings,
     )
     model: Any = LlamaForCausalLM(config)  # type: ignore[no-untyped-call,unused-ignore]
     model = model.to(torch.bfloat16)

@@ -23,6 +23,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, DynamicCache
 
+from cadence.common.tensors import load_weights
 from cadence.worker.api import Sampling
 from cadence.worker.emulated import Sampled
 from cadence.worker.engine import EngineRequest
@@ -178,5 +179,5 @@ class TorchTokenSource:
     def load_weights(self, path: Path) -> None:
         """Load a version's weights (safetensors only: never unpickle) and drop every
         cache, whose KV the old weights computed."""
-        self.model.load_state_dict(load_file(path), strict=True)
+        load_weights(self.model, load_file(path))
         self._cache.clear()
