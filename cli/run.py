@@ -104,10 +104,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         pool, training = load(args.file)
     except ResourceError as e:
         raise UsageError(str(e)) from None
-    if training.spec.dataset.task == "external":
-        raise UsageError(
-            "cadence run trains a built-in task; dataset.task external needs a trainer"
-        )
+    if training.spec.dataset.task == "external" and args.compare is not None:
+        raise UsageError("an external trainer trains one run: give --policy, not --compare")
     if training.spec.model.uri is not None:
         raise UsageError(
             "cadence run reads the model from a local directory: give model.path, not model.uri"

@@ -292,7 +292,8 @@ def _status_routes(
                 consumed=ledger.consumed_batches,
                 iterations=config.iterations,
                 counts=ledger.counts(),
-                reward_by_version=ledger.reward_by_version(),
+                # An external trainer scores its own samples: the run knows no reward.
+                reward_by_version={} if trainer.external else ledger.reward_by_version(),
                 done=ledger.consumed_batches >= config.iterations,
                 tokens_delivered=sum(t for _, t, _ in accepted),
                 latency_p50_s=percentile(latencies, 0.5),

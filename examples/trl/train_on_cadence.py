@@ -10,6 +10,12 @@ model in a few versions. The last line printed is JSON: the mean reward of each 
     pip install -e ".[cpu,trl]"
     python examples/trl/train_on_cadence.py
 
+or against the run `cadence run` makes of a TrainingRun with `dataset.task: external`
+(the pool's groups as the file describes them; it writes where to connect):
+
+    cadence run manifests/examples/trl.yaml --workdir runs/trl &
+    python examples/trl/train_on_cadence.py --connect runs/trl/external.json
+
 To train against a pool on Kubernetes instead, give the run's trainer Service
 (`--url`, reached with `kubectl port-forward svc/NAME-trainer 8100`), its token
 (`--token-file`) and where the pool fetches the weights this script writes
@@ -73,6 +79,7 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=30)
     parser.add_argument("--eta", type=int, default=1)
     parser.add_argument("--learning-rate", type=float, default=0.02)
+    parser.add_argument("--connect", type=Path, help="the external.json `cadence run` wrote")
     parser.add_argument("--url", help="a Cadence run's trainer; default: one started here")
     parser.add_argument("--token-file", type=Path)
     parser.add_argument("--weights-url", help="where the pool fetches the published files")
@@ -81,6 +88,11 @@ def main() -> None:
     a = parser.parse_args()
 
     work = a.work or Path(tempfile.mkdtemp(prefix="trl-on-cadence-"))
+    publish = work / "publish"
+    if a.connect is not None:  # a run `cadence run` started: its trainer, model, folder
+        invitation = json.loads(a.connect.read_text())
+        a.url, a.token_file = invitation["url"], Path(invitation["token_file"])
+        a.model, publish = Path(invitation["model"]), Path(invitation["publish_dir"])
     model = a.model or make_tiny_llama(work / "model")
     rng = random.Random(0)
     dataset = [
@@ -121,7 +133,7 @@ def main() -> None:
         transfer = CadenceWeightTransfer(
             url,
             token,
-            work / "publish",
+            publish,
             url_for=(lambda path: f"{base.rstrip('/')}/{path.name}") if base else None,
         )
         trainer = AsyncGRPOTrainer(

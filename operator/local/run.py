@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import json
 import logging
 import secrets
 import time
@@ -146,6 +147,8 @@ async def run(
     config = trainer_config(training, model, workdir / "trainer", policy).model_copy(
         update={"seed": options.seed}
     )
+    if config.task == "external":  # the external trainer publishes by path, under here
+        config = config.model_copy(update={"publish_from": workdir / "publish"})
     (workdir / "trainer.json").write_text(config.model_dump_json(indent=2))
     workers = pool_workers(pool, training)
     if options.engine == "vllm":
@@ -175,6 +178,8 @@ async def run(
             await sup.healthy("environment", within_s=60)
         state = Progress(policy)
         await sup.healthy("trainer", within_s=300)
+        if config.task == "external":
+            _invite(workdir, trainer_url, token, model, config)
         await sup.start_pool(workers, options.hosts)
         knobs = dataclasses.replace(knobs_of(training), migration=migration)
         client = TrainerClient(trainer_url, token)
@@ -253,6 +258,25 @@ async def run(
     measures["chaos"] = dict(chaos.counts)
     measures["engine"] = options.engine
     return RunResult(measures, timeline, _read_arrivals(config), wall_started, loop.events)
+
+
+def _invite(workdir: Path, url: str, token: str, model: Path, config: TrainerConfig) -> None:
+    """Where an external trainer reaches this run: `external.json` beside it (the
+    trainer's URL, the token's file, the model and where to publish), and a log line."""
+    assert config.publish_from is not None
+    config.publish_from.mkdir(parents=True, exist_ok=True)
+    secret = workdir / "token"
+    secret.touch(mode=0o600)
+    secret.write_text(token + "\n")
+    where = workdir / "external.json"
+    invitation = {
+        "url": url,
+        "token_file": str(secret),
+        "model": str(model),
+        "publish_dir": str(config.publish_from),
+    }
+    where.write_text(json.dumps(invitation, indent=2) + "\n")
+    log.warning("waiting for an external trainer: it connects with %s", where)
 
 
 @contextlib.asynccontextmanager

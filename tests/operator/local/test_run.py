@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import json
 import os
+import shutil
 import signal
 import sqlite3
 import subprocess
@@ -25,7 +26,9 @@ from cadence.operator.local import chaos
 from cadence.operator.local.processes import CADENCE
 from cadence.operator.local.run import pool_workers, vllm_workers
 from cadence.scheduler.registry import DEFAULT_POLICIES
-from tests.helpers import LONGTAIL, TRAINING_RUN, eventually, slowdown
+from cadence.trainer.api import SubmittedPrompt
+from cadence.trainer.client import TrainerClient
+from tests.helpers import LONGTAIL, ROOT, TRAINING_RUN, eventually, slowdown
 
 EXAMPLE = TRAINING_RUN
 
@@ -201,6 +204,14 @@ def test_compare_runs_each_of_the_six_policies_and_prints_them_side_by_side(
 def test_an_unknown_policy_in_compare_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["run", str(EXAMPLE), "--compare", "cadence,nope"]) == 2
     assert "unknown policy 'nope'" in capsys.readouterr().err
+
+
+def test_an_external_run_compared_across_policies_exits_2(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    trl = ROOT / "manifests" / "examples" / "trl.yaml"
+    assert main(["run", str(trl), "--compare", "cadence,dora"]) == 2
+    assert "an external trainer trains one run" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(
@@ -470,3 +481,67 @@ def test_a_multi_turn_run_starts_the_reference_environment_for_its_workers(
     assert all("multi-turn via http://127.0.0.1:" in log for log in hosts)
     result = json.loads((workdir / "run.json").read_text())
     assert result["samples_delivered"] == result["samples_admitted"] == 2 * 8 * 8
+
+
+@pytest.mark.slow
+def test_an_external_run_waits_for_its_trainer_and_ends_when_it_has_published(
+    tmp_path: Path,
+) -> None:
+    """`cadence run` of a TrainingRun with `dataset.task: external` starts the pool, says
+    where an external trainer connects (external.json, the token in a file only its
+    owner reads), and ends once that trainer has published every version."""
+    external = tmp_path / "external.yaml"
+    external.write_text(
+        (ROOT / "manifests" / "examples" / "trl.yaml")
+        .read_text()
+        .replace("iterations: 30", "iterations: 2")
+        .replace("promptsPerBatch: 4", "promptsPerBatch: 1")
+        .replace("samplesPerPrompt: 8", "samplesPerPrompt: 2")
+    )
+    workdir = tmp_path / "run"
+    out = tmp_path / "out.json"
+    run = subprocess.Popen(
+        [*CADENCE, "run", str(external), "--workdir", str(workdir), "--json", str(out)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        where = eventually(
+            lambda: (workdir / "external.json").is_file() and workdir / "external.json",
+            timeout_s=300,
+            what="external.json",
+        )
+        invitation = json.loads(where.read_text())
+        token_file = Path(invitation["token_file"])
+        assert token_file.stat().st_mode & 0o077 == 0  # the token is its owner's only
+        asyncio.run(_train_externally(invitation, token_file.read_text().strip()))
+        assert run.wait(timeout=300) == 0
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+    assert run.stderr is not None
+    assert b"waiting for an external trainer" in run.stderr.read()
+    result = json.loads(out.read_text())
+    assert result["samples_delivered"] == result["samples_admitted"] == 2 * 1 * 2
+    assert result["samples_lost"] == 0 and result["samples_duplicated"] == 0
+    assert result["reward_by_version"] == {}  # the external trainer scores its samples
+
+
+async def _train_externally(invitation: dict[str, str], token: str) -> None:
+    """An external trainer of two versions: its settings checked, a prompt per batch,
+    each whole batch taken, the model's own weights published as the next version."""
+    client = TrainerClient(invitation["url"], token, timeout_s=30.0)
+    try:
+        settings = await client.settings()
+        assert (settings.task, settings.group_size, settings.batch_groups) == ("external", 2, 1)
+        await client.submit([SubmittedPrompt(text=f"After {a}, write 7:") for a in range(2)])
+        weights = Path(invitation["model"]) / "model.safetensors"
+        for u in range(settings.iterations):
+            batch = await client.batch(u, timeout_s=300)
+            assert len(batch.samples) == 2
+            published = Path(invitation["publish_dir"]) / f"v{u + 1}.safetensors"
+            shutil.copy(weights, published)
+            await client.publish(u + 1, published)
+    finally:
+        await client.aclose()
