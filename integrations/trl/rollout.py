@@ -20,11 +20,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import httpx
 import numpy as np
 
 from cadence.integrations.trl.agreement import check_agreement
 from cadence.trainer.api import BatchSample, RunSettings, SubmittedPrompt
-from cadence.trainer.client import TrainerClient
+from cadence.trainer.client import TrainerClient, TrainerError
 
 RewardFunc = Callable[..., Sequence[float | None]]
 
@@ -189,8 +190,13 @@ class CadenceRolloutWorker:
         while not self._stop.is_set():
             try:
                 found = await client.batch(u, poll_s=self.poll_s, timeout_s=self.poll_s * 5)
-            except Exception as e:
-                if getattr(e, "reason", None) != "incomplete":
+            except httpx.TransportError:
+                # The service is restarting or unreachable: asked again; `check_health`
+                # fails TRL's run if it stays silent for TRL's `stale_after_s`.
+                await asyncio.sleep(self.poll_s)
+                continue
+            except TrainerError as e:
+                if e.reason != "incomplete":
                     raise
                 self._heard_at = time.monotonic()  # it answered: the batch is not whole yet
                 continue

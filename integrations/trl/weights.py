@@ -19,10 +19,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
 from safetensors.torch import save_file
 
 from cadence.trainer.api import VersionInfo
-from cadence.trainer.client import TrainerClient
+from cadence.trainer.client import TrainerClient, TrainerError
 
 
 @dataclass
@@ -33,6 +34,8 @@ class CadenceWeightTransfer:
     token: str
     publish_dir: Path
     url_for: Callable[[Path], str] | None = None  # None: the run reads the path itself
+    retry_for_s: float = 120.0  # how long a publish is asked again while unreachable
+    transport: httpx.AsyncBaseTransport | None = None  # how the service is reached
     syncs: int = 0  # weight syncs seen, the cold one included
     published: list[VersionInfo] = field(default_factory=list)
 
@@ -61,10 +64,29 @@ class CadenceWeightTransfer:
         self.published.append(asyncio.run(self._publish(version, uri, path)))
 
     async def _publish(self, version: int, uri: str, path: Path) -> VersionInfo:
-        client = TrainerClient(self.url, self.token, timeout_s=600.0)
+        """Publish, asking again while the service is unreachable (for up to
+        `retry_for_s`); an answer lost on the way is found by reading the version back."""
+        client = TrainerClient(self.url, self.token, timeout_s=600.0, transport=self.transport)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.retry_for_s
         try:
             sha256 = await asyncio.to_thread(_sha256, path)
-            return await client.publish(version, uri, sha256)
+            while True:
+                try:
+                    return await client.publish(version, uri, sha256)
+                except httpx.TransportError:
+                    if loop.time() > deadline:
+                        raise
+                    await asyncio.sleep(1.0)
+                except TrainerError as e:
+                    if e.reason != "publish":
+                        raise
+                    current = await client.version()
+                    if current.version != version:
+                        raise
+                    # An earlier try was published and its answer lost. (The run stores
+                    # the weights anew, so the sha256 it reports is its file's.)
+                    return current
         finally:
             await client.aclose()
 

@@ -1,16 +1,23 @@
 """How a sample Cadence delivers becomes TRL's rollout sample (`integrations/trl/rollout.py`):
 the model's tokens are trained on with their behaviour logprobs, an environment's are
 context, the version is the oldest that generated a model turn, and advantages are TRL's
-group-normalised ones over the scorable samples. No TRL needed."""
+group-normalised ones over the scorable samples. A publish is asked again while the run
+is unreachable, and one whose answer was lost is not published twice. No TRL needed."""
 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
+import httpx
 import numpy as np
+import pytest
+import torch
 
 from cadence.integrations.trl.rollout import group_advantages, tokens_of
+from cadence.integrations.trl.weights import CadenceWeightTransfer
 from cadence.trainer.api import BatchSample
+from cadence.trainer.client import TrainerError
 from cadence.worker.api import Delivery, Timings, Turn
 
 
@@ -50,3 +57,54 @@ def test_advantages_are_trls_over_the_scorable_samples_of_a_group() -> None:
     assert np.allclose(advantages[[0, 1, 3]], [(r - 0.5) / (std + 1e-8) for r in (1.0, 0.0, 0.5)])
     none, mean, _ = group_advantages([float("nan")] * 3)
     assert (none == 0.0).all() and math.isnan(mean)
+
+
+def _transfer_against(
+    tmp_path: Path, answers: list[httpx.Response | Exception], version: int
+) -> tuple[CadenceWeightTransfer, list[str]]:
+    asked: list[str] = []
+
+    def serve(request: httpx.Request) -> httpx.Response:
+        asked.append(f"{request.method} {request.url.path}")
+        if request.url.path == "/v1/version":
+            return httpx.Response(
+                200, json={"version": version, "sha256": "ab", "weights_path": "/v1/weights/1"}
+            )
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    transfer = CadenceWeightTransfer(
+        "http://trainer",
+        "token",
+        tmp_path,
+        retry_for_s=5.0,
+        transport=httpx.MockTransport(serve),
+    )
+    transfer.init_weight_transfer()
+    return transfer, asked
+
+
+def test_a_publish_is_asked_again_and_an_answer_lost_on_the_way_is_found(
+    tmp_path: Path,
+) -> None:
+    weights = [("w", torch.ones(2))]
+    lost: list[httpx.Response | Exception] = [
+        httpx.ConnectError("the trainer restarts"),
+        httpx.Response(409, json={"error": "the next version is 2, not 1", "reason": "publish"}),
+    ]
+    transfer, asked = _transfer_against(tmp_path, lost, version=1)
+    transfer.send_weights(iter(weights))  # the cold sync: the run serves it as version 0
+    assert asked == []
+    transfer.send_weights(iter(weights))
+    assert asked == ["POST /v1/publish", "POST /v1/publish", "GET /v1/version"]
+    assert [p.version for p in transfer.published] == [1]
+    # A refusal that is not an earlier try of this version stays a refusal.
+    refused: list[httpx.Response | Exception] = [
+        httpx.Response(409, json={"error": "batch 1 is not complete", "reason": "publish"})
+    ]
+    transfer, _ = _transfer_against(tmp_path, refused, version=0)
+    transfer.send_weights(iter(weights))
+    with pytest.raises(TrainerError, match="batch 1 is not complete"):
+        transfer.send_weights(iter(weights))
