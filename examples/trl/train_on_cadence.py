@@ -42,8 +42,13 @@ from transformers import AutoTokenizer
 from trl.experimental.async_grpo.async_grpo_config import AsyncGRPOConfig
 from trl.experimental.async_grpo.async_grpo_trainer import AsyncGRPOTrainer
 
-from cadence.integrations.trl import CadenceRolloutWorker, CadenceWeightTransfer
-from cadence.integrations.trl.cpu import run_on_cpu
+from cadence.integrations.trl import (
+    CadenceRolloutWorker,
+    CadenceWeightTransfer,
+    agreeing,
+    run_settings,
+)
+from cadence.integrations.trl.cpu import CPU_SETTINGS, run_on_cpu
 from cadence.operator.local.external import external_run
 from cadence.trainer.config import TrainerConfig
 from cadence.trainer.rewards import digits_reward
@@ -99,26 +104,6 @@ def main() -> None:
         {"prompt": f"After {x} and {y}, write 7 again and again:", "answer": "7"}
         for x, y in ((rng.randint(2, 99), rng.randint(2, 99)) for _ in range(256))
     ]
-    args = AsyncGRPOConfig(
-        output_dir=str(work / "trl"),
-        max_steps=a.iterations,
-        per_device_train_batch_size=GROUP,
-        gradient_accumulation_steps=BATCH_GROUPS,  # one Cadence batch per optimizer step
-        weight_sync_steps=1,
-        num_generations=GROUP,
-        max_completion_length=MAX_TOKENS,
-        temperature=1.0,
-        max_staleness=a.eta,
-        token_budget=0,
-        learning_rate=a.learning_rate,
-        use_cpu=True,
-        bf16=False,
-        report_to=[],
-        logging_steps=1,
-        save_strategy="no",
-        gradient_checkpointing=False,
-        dataloader_pin_memory=False,
-    )
     run_on_cpu()
     pool: contextlib.AbstractContextManager[tuple[str, str]]
     if a.url:
@@ -127,6 +112,16 @@ def main() -> None:
     else:
         pool = local_pool(model, work, a.iterations, a.eta)
     with pool as (url, token):
+        run = run_settings(url, token)
+        args = AsyncGRPOConfig(
+            **agreeing(run),  # one Cadence batch per optimizer step and weight sync
+            **CPU_SETTINGS,
+            output_dir=str(work / "trl"),
+            learning_rate=a.learning_rate,
+            report_to=[],
+            logging_steps=1,
+            save_strategy="no",
+        )
         tokenizer = AutoTokenizer.from_pretrained(model)
         worker = CadenceRolloutWorker(url, token, dataset, [sevens], tokenizer, args)
         base = a.weights_url
@@ -150,9 +145,9 @@ def main() -> None:
         json.dumps(
             {
                 "example": "trl_on_cadence",
-                "iterations": a.iterations,
-                "eta": a.eta,
-                "samples_per_version": GROUP * BATCH_GROUPS,
+                "iterations": run.iterations,
+                "eta": run.eta,
+                "samples_per_version": run.group_size * run.batch_groups,
                 "reward_by_step": [round(float(h["reward"]), 4) for h in steps],
                 "staleness_max": max(float(h.get("sample/staleness_max", 0)) for h in steps),
                 "dropped_stale": sum(float(h.get("sample/dropped_stale_total", 0)) for h in steps),

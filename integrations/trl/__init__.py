@@ -5,12 +5,20 @@ TRL's asynchronous GRPO trainer takes a rollout worker and a weight transfer obj
 external-trainer mode. The worker submits the trainer's prompts to the run and turns each
 whole batch Cadence delivers into TRL's rollout samples; the weight transfer publishes
 each new policy to the run, whose workers advance to it. `check_agreement` refuses, in
-one sentence naming both settings, a TRL configuration the run would not honour.
+one sentence naming both settings, a TRL configuration the run would not honour;
+`agreeing` gives the settings that agree.
 
 Install with `pip install "cadence[trl]"`; the versions tested are in pyproject.toml."""
 
-from cadence.integrations.trl.agreement import Disagreement, check_agreement
-from cadence.integrations.trl.rollout import CadenceRolloutWorker
+from cadence.integrations.trl.agreement import Disagreement, agreeing, check_agreement
+from cadence.integrations.trl.rollout import CadenceRolloutWorker, run_settings
 from cadence.integrations.trl.weights import CadenceWeightTransfer
 
-__all__ = ["CadenceRolloutWorker", "CadenceWeightTransfer", "Disagreement", "check_agreement"]
+__all__ = [
+    "CadenceRolloutWorker",
+    "CadenceWeightTransfer",
+    "Disagreement",
+    "agreeing",
+    "check_agreement",
+    "run_settings",
+]

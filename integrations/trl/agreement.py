@@ -43,6 +43,23 @@ def samples_per_sync(args: TrlSettings, world_size: int = 1) -> int:
     )
 
 
+def agreeing(run: RunSettings) -> dict[str, Any]:
+    """The `AsyncGRPOConfig` settings that agree with `run` for one training process, one
+    weight sync per Cadence batch; give them with your own (output_dir, learning_rate,
+    ...)."""
+    return {
+        "num_generations": run.group_size,
+        "temperature": run.temperature,
+        "max_completion_length": run.max_tokens,
+        "max_staleness": run.eta,
+        "token_budget": 0,
+        "per_device_train_batch_size": run.group_size,
+        "gradient_accumulation_steps": run.batch_groups,
+        "weight_sync_steps": 1,
+        "max_steps": run.iterations,
+    }
+
+
 def check_agreement(args: TrlSettings, run: RunSettings, world_size: int = 1) -> None:
     """Raise `Disagreement` naming the first TRL setting that does not match the run."""
     if run.task != "external":

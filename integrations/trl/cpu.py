@@ -6,7 +6,8 @@ and asks `torch.cuda` for the device's peak FLOPs while it is constructed. `run_
 registers a pure-torch tree attention under the same name (the same masks, computed
 segment by segment with `scaled_dot_product_attention`; slower, for small models) and
 reports no peak FLOPs (TRL then logs no MFU). Call it once before constructing the
-trainer. On a GPU machine, do not: TRL's kernel is the fast path."""
+trainer, whose config takes `CPU_SETTINGS`. On a GPU machine, do not: TRL's kernel is the
+fast path."""
 
 from __future__ import annotations
 
@@ -63,6 +64,15 @@ def torch_tree_attention(
 def register_torch_tree_attention() -> None:
     AttentionInterface.register("tree_fa3", torch_tree_attention)
     AttentionMaskInterface.register("tree_fa3", lambda **_: None)
+
+
+# The AsyncGRPOConfig settings a machine without CUDA needs: no bf16, no pinned memory.
+CPU_SETTINGS = {
+    "use_cpu": True,
+    "bf16": False,
+    "gradient_checkpointing": False,
+    "dataloader_pin_memory": False,
+}
 
 
 def run_on_cpu() -> None:

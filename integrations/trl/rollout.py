@@ -30,19 +30,17 @@ from cadence.trainer.client import TrainerClient, TrainerError
 RewardFunc = Callable[..., Sequence[float | None]]
 
 
-@dataclass(frozen=True, slots=True)
-class Scored:
-    """One TRL rollout sample's fields, before TRL's own dataclass wraps them."""
+def run_settings(url: str, token: str) -> RunSettings:
+    """The settings of the Cadence run at `url` (from a synchronous caller)."""
 
-    prompt: Any
-    completion: Any
-    input_ids: np.ndarray
-    completion_mask: np.ndarray
-    old_log_probs: np.ndarray
-    advantage: float
-    model_version: int
-    group_id: int
-    metrics: dict[str, float]
+    async def read() -> RunSettings:
+        client = TrainerClient(url, token)
+        try:
+            return await client.settings()
+        finally:
+            await client.aclose()
+
+    return asyncio.run(read())
 
 
 def tokens_of(sample: BatchSample) -> tuple[list[int], list[int], list[float], int]:
@@ -115,15 +113,8 @@ class CadenceRolloutWorker:
     def __post_init__(self) -> None:
         if not self.dataset:
             raise ValueError("the dataset has no rows: there is no prompt to submit")
-        self.settings = asyncio.run(self._settings())
+        self.settings = run_settings(self.url, self.token)
         check_agreement(self.args, self.settings, self.world_size)
-
-    async def _settings(self) -> RunSettings:
-        client = TrainerClient(self.url, self.token)
-        try:
-            return await client.settings()
-        finally:
-            await client.aclose()
 
     # --- TRL's protocol -----------------------------------------------------------------
 
@@ -227,13 +218,16 @@ class CadenceRolloutWorker:
             groups.setdefault(s.group, []).append(s)
         out = []
         for g, members in groups.items():
-            out += [RolloutSample(**vars_of(x)) for x in self._score_group(g, members)]
+            out += self._score_group(g, members, RolloutSample)
         self.metrics_queue.put(
             {"cadence/batch_samples": float(len(samples)), "cadence/lag_max": float(max(self.lags))}
         )
         return out
 
-    def _score_group(self, group: int, members: list[BatchSample]) -> list[Scored]:
+    def _score_group(
+        self, group: int, members: list[BatchSample], rollout_sample: Any
+    ) -> list[Any]:
+        """TRL's `RolloutSample`s (`rollout_sample`, its class) of one group."""
         row = self._row(group)
         tokens = [tokens_of(s) for s in members]
         completion_ids = [
@@ -265,7 +259,7 @@ class CadenceRolloutWorker:
             self.lags.append(max(0, self.model_version - trl_version))
             self.delivered.append(s.id)
             scored.append(
-                Scored(
+                rollout_sample(
                     prompt=row["prompt"],
                     completion=completion,
                     input_ids=np.asarray(ids, dtype=np.int64),
@@ -278,10 +272,6 @@ class CadenceRolloutWorker:
                 )
             )
         return scored
-
-
-def vars_of(scored: Scored) -> dict[str, Any]:
-    return {name: getattr(scored, name) for name in Scored.__slots__}
 
 
 def _call(func: RewardFunc, kwargs: dict[str, Any]) -> Sequence[float | None]:

@@ -16,6 +16,7 @@ from cadence.integrations.trl import (
     CadenceRolloutWorker,
     CadenceWeightTransfer,
     Disagreement,
+    agreeing,
     check_agreement,
 )
 from cadence.operator.local.external import external_run
@@ -32,33 +33,26 @@ from trl.experimental.async_grpo.async_grpo_config import AsyncGRPOConfig
 from trl.experimental.async_grpo.async_grpo_trainer import AsyncGRPOTrainer
 from trl.experimental.async_grpo.packing import TreeRow
 
-from cadence.integrations.trl.cpu import register_torch_tree_attention, run_on_cpu
+from cadence.integrations.trl.cpu import (
+    CPU_SETTINGS,
+    register_torch_tree_attention,
+    run_on_cpu,
+)
 
 TOKEN = "s3cret"
 G, B, ITERATIONS, ETA, MAX_TOKENS = 4, 2, 3, 1, 8
 
 
 def _args(tmp: Path, **changes: Any) -> Any:
-    settings: dict[str, Any] = dict(
-        output_dir=str(tmp / "trl"),
-        max_steps=ITERATIONS,
-        per_device_train_batch_size=4,
-        gradient_accumulation_steps=2,  # 4 x 2 = one Cadence batch (B x G) per sync
-        weight_sync_steps=1,
-        num_generations=G,
-        max_completion_length=MAX_TOKENS,
-        temperature=1.0,
-        max_staleness=ETA,
-        token_budget=0,
-        learning_rate=1e-3,
-        use_cpu=True,
-        bf16=False,
-        report_to=[],
-        logging_steps=1,
-        save_strategy="no",
-        gradient_checkpointing=False,
-        dataloader_pin_memory=False,
-    )
+    settings: dict[str, Any] = {
+        **agreeing(RUN),  # 4 x 2 = one Cadence batch (B x G) per sync
+        **CPU_SETTINGS,
+        "output_dir": str(tmp / "trl"),
+        "learning_rate": 1e-3,
+        "report_to": [],
+        "logging_steps": 1,
+        "save_strategy": "no",
+    }
     settings.update(changes)
     return AsyncGRPOConfig(**settings)
 
