@@ -22,6 +22,7 @@ from cadence.worker.emulated import EmulatedEngine, Sampled
 from cadence.worker.engine import EngineRequest
 from cadence.worker.held import Identity, Refused
 from cadence.worker.torchsource import TorchTokenSource
+from tests.helpers import eventually_async
 
 from .factories import CountingSource, FakeClock, deployment, fresh, moved
 
@@ -176,11 +177,13 @@ def test_an_unreachable_source_is_a_refused_placement_not_a_500() -> None:
 
 
 async def _until(condition: Any, what: str) -> None:
-    for _ in range(10_000):
-        if condition():
-            return
-        await asyncio.sleep(0)
-    raise AssertionError(f"never: {what}")
+    """Until `condition()` holds: a step runs in a thread, which 10,000 turns of the event
+    loop did not always outlast when the suite ran beside other work."""
+
+    async def check() -> bool:
+        return bool(condition())
+
+    await eventually_async(check, timeout_s=30, what=what, every_s=0.001)
 
 
 def test_a_failing_step_drops_its_residents_and_the_worker_goes_on() -> None:
