@@ -16,7 +16,7 @@ from __future__ import annotations
 # type checkers run from the repository root see this repository's operator/ folder.
 from _operator import attrgetter
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from types import MappingProxyType
 from typing import Literal
 
@@ -240,7 +240,7 @@ _ID = attrgetter("id")
 _CONTEXT = attrgetter("context")
 _DECODED = attrgetter("decoded_since_placement")
 _PENDING_ORDER = attrgetter("context", "id")
-_FRESH_ORDER = attrgetter("prompt_tokens", "id")
+FRESH_ORDER = attrgetter("prompt_tokens", "id")
 
 
 def worker_order(wid: str) -> tuple[str, int]:
@@ -260,6 +260,12 @@ class Snapshot:
     `workers` are put in `worker_order`: a policy that breaks ties by position
     (round-robin dispatch, first fit) then chooses alike in the control loop and in the
     simulator, whatever order the pool lists its groups in.
+
+    `fresh_index` is for an observer that keeps its fresh samples ordered as they come
+    and go (the simulator, whose fresh pool holds thousands of samples): the fresh
+    samples of each batch, shortest first (ties by id), batches in the order of their
+    shortest sample, exactly what would be built from `fresh`. It is taken as given, so
+    a cycle does not sort what did not change.
     """
 
     now: float
@@ -275,8 +281,9 @@ class Snapshot:
     placeable_by_version: Mapping[int, tuple[PendingTrajectory, ...]] = field(init=False)
     placeable_contexts: Mapping[int, tuple[int, ...]] = field(init=False)
     fresh_by_batch: Mapping[int, tuple[FreshSample, ...]] = field(init=False)
+    fresh_index: InitVar[Mapping[int, tuple[FreshSample, ...]] | None] = None
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, fresh_index: Mapping[int, tuple[FreshSample, ...]] | None) -> None:
         if self.newest_version < 0:
             raise ConfigError(f"newest version is {self.newest_version}; it must be >= 0")
         ordered = tuple(sorted(self.workers, key=lambda w: worker_order(w.id)))
@@ -286,13 +293,15 @@ class Snapshot:
             grouped.setdefault(p.version, []).append(p)
         by_version = {v: tuple(sorted(ps, key=_PENDING_ORDER)) for v, ps in grouped.items()}
         placeable = {v: tuple(p for p in ps if p.placeable) for v, ps in by_version.items()}
-        by_batch: dict[int, list[FreshSample]] = {}
-        for f in sorted(self.fresh, key=_FRESH_ORDER):
-            by_batch.setdefault(f.group // self.admission.batch_size, []).append(f)
+        if fresh_index is None:
+            by_batch: dict[int, list[FreshSample]] = {}
+            for f in sorted(self.fresh, key=FRESH_ORDER):
+                by_batch.setdefault(f.group // self.admission.batch_size, []).append(f)
+            fresh_index = {b: tuple(fs) for b, fs in by_batch.items()}
+        elif sum(map(len, fresh_index.values())) != len(self.fresh):
+            raise ConfigError("the fresh index does not hold the snapshot's fresh samples")
         object.__setattr__(self, "pending_by_version", MappingProxyType(by_version))
         object.__setattr__(self, "placeable_by_version", MappingProxyType(placeable))
         contexts = {v: tuple(p.context for p in ps) for v, ps in placeable.items()}
         object.__setattr__(self, "placeable_contexts", MappingProxyType(contexts))
-        object.__setattr__(
-            self, "fresh_by_batch", MappingProxyType({b: tuple(fs) for b, fs in by_batch.items()})
-        )
+        object.__setattr__(self, "fresh_by_batch", MappingProxyType(dict(fresh_index)))

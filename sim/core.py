@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import random
 import statistics
+from bisect import bisect_left, insort
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -31,13 +32,12 @@ from cadence.scheduler import (
     PendingTrajectory,
     Place,
     Policy,
-    Resident,
     Snapshot,
     WorkerView,
     check_no_stranding,
 )
 from cadence.scheduler.moves import move_kind
-from cadence.scheduler.snapshot import Transfer
+from cadence.scheduler.snapshot import FRESH_ORDER, Transfer
 from cadence.sim.engine import ModelledEngine, Request
 from cadence.sim.records import (
     PeriodSample,
@@ -91,9 +91,15 @@ class Simulation:
         self.trajectories: dict[str, Trajectory] = {}
         # What the snapshot shows, kept as it changes rather than rebuilt each period.
         self._fresh: dict[str, FreshSample] = {}
+        # The same fresh samples by batch, shortest first, kept sorted as samples come and
+        # go, and each batch's tuple as the last snapshot showed it (None: it changed).
+        self._fresh_sorted: dict[int, list[FreshSample]] = {}
+        self._fresh_shown: dict[int, tuple[FreshSample, ...] | None] = {}
         self._pending: dict[str, PendingTrajectory] = {}
         self._in_env: dict[str, Trajectory] = {}
-        self._residents: dict[str, Resident] = {}  # last view of each resident
+        # The last view of each worker, with the engine's change count and the version
+        # it was taken at: a worker that neither decoded nor changed keeps its view.
+        self._views: dict[str, tuple[tuple[int, int | None], WorkerView]] = {}
         self.admitted = 0
         self.newest = 0
         self.consumed = 0
@@ -121,33 +127,28 @@ class Simulation:
     def snapshot(self) -> Snapshot:
         views = []
         for w in self.workers.values():
-            residents = []
-            cache = self._residents
-            for rid, ctx in w.engine.residents():
-                seen = cache.get(rid)
-                if seen is None or seen.context != ctx:  # a queued request does not change
-                    t = self.trajectories[rid]
-                    generated = ctx - t.sample.prompt_tokens - t.observed
-                    seen = cache[rid] = Resident(rid, ctx, generated - t.placed_generated)
-                residents.append(seen)
-            views.append(
-                WorkerView(
+            seen = self._views.get(w.id)
+            stamp = (w.engine.changes, w.version)
+            if seen is None or seen[0] != stamp:
+                view = WorkerView(
                     w.id,
                     w.accelerator,
                     w.affinity,
                     w.version,
                     w.deployment.kv_capacity_tokens,
-                    tuple(residents),
+                    tuple(w.engine.resident_views()),
                     max_seqs=w.engine.max_batch,
                     cost=w.cost,
                     transfer_group=w.transfer_group,
                 )
-            )
+                seen = self._views[w.id] = (stamp, view)
+            views.append(seen[1])
         return Snapshot(
             now=self.now,
             workers=tuple(views),
             pending=tuple(self._pending.values()),
             fresh=tuple(self._fresh.values()),
+            fresh_index=self._fresh_index(),
             newest_version=self.newest,
             admission=Admission(
                 self.admitted, self.scenario.workload.prompts_per_batch, self.total_groups
@@ -156,6 +157,32 @@ class Simulation:
             seed=self.scenario.seed,
             transfer=self.transfer,
         )
+
+    def _fresh_index(self) -> dict[int, tuple[FreshSample, ...]]:
+        """Snapshot.fresh_by_batch from the sorted batches: unchanged batches reuse the
+        tuple the last snapshot showed."""
+        shown = self._fresh_shown
+        for batch, samples in self._fresh_sorted.items():
+            if shown[batch] is None:
+                shown[batch] = tuple(samples)
+        first = {b: FRESH_ORDER(ss[0]) for b, ss in self._fresh_sorted.items()}
+        return {b: shown[b] for b in sorted(first, key=first.__getitem__)}  # type: ignore[misc]
+
+    def _add_fresh(self, sample: FreshSample) -> None:
+        self._fresh[sample.id] = sample
+        batch = sample.group // self.scenario.workload.prompts_per_batch
+        insort(self._fresh_sorted.setdefault(batch, []), sample, key=FRESH_ORDER)
+        self._fresh_shown[batch] = None
+
+    def _take_fresh(self, sid: str) -> None:
+        sample = self._fresh.pop(sid)
+        batch = sample.group // self.scenario.workload.prompts_per_batch
+        samples = self._fresh_sorted[batch]
+        del samples[bisect_left(samples, FRESH_ORDER(sample), key=FRESH_ORDER)]
+        if samples:
+            self._fresh_shown[batch] = None
+        else:
+            del self._fresh_sorted[batch], self._fresh_shown[batch]
 
     # --- actions -----------------------------------------------------------------------
 
@@ -175,7 +202,7 @@ class Simulation:
             for sample in next(self._groups):
                 t = Trajectory(sample, context=sample.prompt_tokens)
                 self.trajectories[sample.id] = t
-                self._fresh[sample.id] = FreshSample(sample.id, sample.group, sample.prompt_tokens)
+                self._add_fresh(FreshSample(sample.id, sample.group, sample.prompt_tokens))
             self.admitted += 1
 
     def _advance(self, a: Advance) -> None:
@@ -208,7 +235,7 @@ class Simulation:
             raise AssertionError(f"{a.trajectory} placed on {w.id} of another version")
         request = Request(t.sample.id, t.context, t.next_stop())
         if t.state == "fresh":
-            del self._fresh[t.sample.id]
+            self._take_fresh(t.sample.id)
             t.version = t.start_version = w.version
             request.load_s = w.deployment.prefill_s(t.context)
         elif t.state == "pending":
@@ -242,8 +269,6 @@ class Simulation:
         else:
             raise AssertionError(f"{a.trajectory} placed while {t.state}")
         t.state, t.worker, t.parked_on = "running", w.id, None
-        t.placed_generated = t.generated
-        self._residents.pop(t.sample.id, None)
         w.engine.add(request)
 
     # --- time --------------------------------------------------------------------------

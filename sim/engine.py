@@ -21,6 +21,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from cadence.common.physics import Deployment
+from cadence.scheduler import Resident
 
 
 @dataclass(slots=True)
@@ -36,6 +37,7 @@ class Request:
     to_go: int
     ready_at: float = 0.0  # a KV transfer in flight: not admissible before this time
     load_s: float = 0.0  # worker time to admit it: a prefill, or 0 after a transfer
+    placed_context: int = 0  # its context when placed here (set by `add`)
 
 
 @dataclass(slots=True)
@@ -72,6 +74,9 @@ class ModelledEngine:
     # (id, time) of each request as it entered the batch, its prefill starting; the
     # simulator drains it to date a trajectory's first inference step.
     started: list[tuple[str, float]] = field(default_factory=list)
+    # Bumped by everything that changes what `resident_views` returns, so an observer
+    # can keep the last view of a worker that neither decoded nor changed hands.
+    changes: int = 0
 
     # --- what the control plane observes -------------------------------------------
 
@@ -99,6 +104,17 @@ class ModelledEngine:
         out += [(w.id, w.context) for w in self._waiting]
         return out
 
+    def resident_views(self) -> list[Resident]:
+        """What the control plane sees of everything assigned here: each request's
+        context and the tokens it decoded since it was placed."""
+        steps = self.steps
+        out = []
+        for r in self._running.values():
+            context = r.anchor_context + steps - r.anchor_step
+            out.append(Resident(r.request.id, context, context - r.request.placed_context))
+        out += [Resident(w.id, w.context, w.context - w.placed_context) for w in self._waiting]
+        return out
+
     def assigned(self) -> tuple[int, int]:
         """(requests, tokens of context) of everything assigned here, running or queued."""
         return len(self._running) + len(self._waiting), self.running_kv() + self._waiting_kv
@@ -121,11 +137,14 @@ class ModelledEngine:
         """A placement: the request queues, and is admitted (prefilled) when room allows."""
         if request.to_go < 1:
             raise ValueError(f"request {request.id} has nothing left to decode")
+        request.placed_context = request.context
         self._waiting.append(request)
         self._waiting_kv += request.context
+        self.changes += 1
 
     def remove(self, rid: str) -> Request:
         """An eviction: take the request out wherever it is, with its context current."""
+        self.changes += 1
         r = self._running.pop(rid, None)
         if r is not None:
             request = self._materialise(r)
@@ -167,6 +186,7 @@ class ModelledEngine:
             entry = _Running(request, self.steps, request.context, self._admitted)
             self._admitted += 1
             self._running[request.id] = entry
+            self.changes += 1
             self._anchor_sum += request.context - self.steps
             heapq.heappush(
                 self._stops, (self.steps + request.to_go, entry.admitted_order, request.id)
@@ -236,6 +256,7 @@ class ModelledEngine:
             k = self._steps_within(until - self.time, n, kv, min(to_stop, to_full))
             self.time += self._time_of(k, n, kv)
             self.steps += k
+            self.changes += 1
             self.decoded_tokens += k * n
             while self._stops and self._stops[0][0] <= self.steps:
                 _, _, rid = heapq.heappop(self._stops)

@@ -33,7 +33,6 @@ class Trajectory:
     generated: int = 0
     observed: int = 0
     calls_made: int = 0
-    placed_generated: int = 0
     first_step: float | None = None
     done_at: float | None = None
     pending_since: float = 0.0
