@@ -38,6 +38,7 @@ class WorkingWorker:
         "_h_min",
         "_owned",
         "_popped",
+        "_residents",
         "accepting",
         "affinity",
         "capacity",
@@ -45,7 +46,6 @@ class WorkingWorker:
         "id",
         "max_seqs",
         "reserve",
-        "residents",
         "source",
         "used",
         "version",
@@ -61,7 +61,9 @@ class WorkingWorker:
         self.used = view.used
         self.max_seqs = view.max_seqs
         self.cost: StepCost | None = view.cost
-        self.residents: list[Resident] | tuple[Resident, ...] = view.residents
+        # The snapshot's residents until this cycle first reads them (a presorted view
+        # builds them on that read); its own list once it changes them.
+        self._residents: list[Resident] | tuple[Resident, ...] | None = None
         self._owned = False
         self._popped: list[int] = []  # contexts of evictable residents popped this cycle
         self._below: tuple[int, int, Sequence[int]] | None = None
@@ -96,15 +98,21 @@ class WorkingWorker:
         return self.capacity - self.used
 
     @property
+    def residents(self) -> list[Resident] | tuple[Resident, ...]:
+        if self._residents is None:
+            self._residents = self.view.residents
+        return self._residents
+
+    @property
     def count(self) -> int:
-        return len(self.residents)
+        return self.view.count if self._residents is None else len(self._residents)
 
     def _own(self) -> list[Resident]:
         if not self._owned:
-            self.residents = list(self.residents)
+            self._residents = list(self.residents)
             self._owned = True
-        assert isinstance(self.residents, list)
-        return self.residents
+        assert isinstance(self._residents, list)
+        return self._residents
 
     def longest_evictable(self, min_decode: int) -> int | None:
         """Index of the longest resident past the anti-thrash minimum since placement."""
@@ -195,5 +203,5 @@ def period_growth(view: WorkerView, period_s: float) -> int | None:
     rate (at least one); None when its step cost is unknown."""
     if view.cost is None:
         return None
-    step = view.cost.step_s(len(view.residents), view.used)
+    step = view.cost.step_s(view.count, view.used)
     return max(1, math.ceil(period_s / step)) if step > 0.0 else None

@@ -130,16 +130,18 @@ class Simulation:
             seen = self._views.get(w.id)
             stamp = (w.engine.changes, w.version)
             if seen is None or seen[0] != stamp:
+                presorted = w.engine.presorted()
                 view = WorkerView(
                     w.id,
                     w.accelerator,
                     w.affinity,
                     w.version,
                     w.deployment.kv_capacity_tokens,
-                    tuple(w.engine.resident_views()),
+                    () if presorted is not None else tuple(w.engine.resident_views()),
                     max_seqs=w.engine.max_batch,
                     cost=w.cost,
                     transfer_group=w.transfer_group,
+                    presorted=presorted,
                 )
                 seen = self._views[w.id] = (stamp, view)
             views.append(seen[1])

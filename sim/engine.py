@@ -17,11 +17,17 @@ from __future__ import annotations
 
 import heapq
 import math
+from _operator import add  # the C module behind `operator` (see scheduler/snapshot.py)
+from bisect import bisect_left
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from functools import partial
+from itertools import repeat
 
 from cadence.common.physics import Deployment
 from cadence.scheduler import Resident
+from cadence.scheduler.snapshot import Presorted
 
 
 @dataclass(slots=True)
@@ -48,12 +54,53 @@ class _Running:
     admitted_order: int
 
 
+# A Resident from an (id, context, decoded) tuple, built in C.
+_resident = partial(tuple.__new__, Resident)
+
+
 @dataclass(frozen=True, slots=True)
 class Stop:
     """A request that stopped decoding at `time`: finished its run of `to_go` tokens."""
 
     request: Request
     time: float
+
+
+@dataclass(frozen=True, slots=True)
+class _Steps:
+    """The time of k decode steps with a fixed batch: each costs `overhead` plus the
+    larger of the compute floor and the memory term, which starts at `base` and grows by
+    `grow` a step; the first `limit` steps are compute-bound (None: all of them)."""
+
+    overhead: float
+    base: float
+    grow: float
+    compute: float
+    limit: int | None
+
+    def time(self, k: int) -> float:
+        bound = k if self.limit is None else min(k, self.limit)
+        memory_steps = k - bound
+        first = self.base + self.grow * bound
+        memory = memory_steps * first + self.grow * memory_steps * (memory_steps - 1) / 2.0
+        return k * self.overhead + bound * self.compute + memory
+
+    def guess(self, seconds: float) -> int:
+        """About the smallest k whose time reaches `seconds` (`time` decides)."""
+        per_bound_step = self.overhead + self.compute
+        k = math.ceil(seconds / per_bound_step) if per_bound_step > 0 else 1
+        if self.limit is None or k <= self.limit:
+            return k
+        # Past the limit: solve grow/2 m^2 + (overhead + first - grow/2) m + c = 0.
+        bound = self.limit
+        first = self.base + self.grow * bound
+        linear = self.overhead + first - self.grow / 2.0
+        constant = bound * per_bound_step - seconds
+        if self.grow <= 0.0:
+            return bound + math.ceil(-constant / linear) if linear > 0 else bound + 1
+        a = self.grow / 2.0
+        m = (-linear + math.sqrt(max(0.0, linear * linear - 4.0 * a * constant))) / (2.0 * a)
+        return bound + math.ceil(m)
 
 
 @dataclass
@@ -66,6 +113,14 @@ class ModelledEngine:
     preemptions: int = 0
     prefill_seconds: float = 0.0
     _running: dict[str, _Running] = field(default_factory=dict)
+    # The running requests longest first (ties by id) as parallel arrays: their ids,
+    # (context - steps) and (decoded since placement - steps). Every running request
+    # grows one token a step, so the order and offsets hold until one is admitted or
+    # leaves, and a view of every resident is C-level maps, not a Python loop.
+    _order: list[tuple[int, str]] = field(default_factory=list)  # (-offset, id), ascending
+    _ids: list[str] = field(default_factory=list)
+    _offsets: list[int] = field(default_factory=list)
+    _decoded_offsets: list[int] = field(default_factory=list)
     _stops: list[tuple[int, int, str]] = field(default_factory=list)
     _waiting: deque[Request] = field(default_factory=deque)
     _anchor_sum: int = 0  # sum over running of (anchor_context - anchor_step)
@@ -77,6 +132,21 @@ class ModelledEngine:
     # Bumped by everything that changes what `resident_views` returns, so an observer
     # can keep the last view of a worker that neither decoded nor changed hands.
     changes: int = 0
+    # The deployment's figures every step's time reads, looked up once.
+    _bandwidth: float = field(init=False, repr=False)
+    _kv_bytes: float = field(init=False, repr=False)
+    _weight_bytes: float = field(init=False, repr=False)
+    _two_params: float = field(init=False, repr=False)
+    _flops: float = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        d = self.deployment
+        eff = d.efficiency
+        self._bandwidth = d.tp * d.accelerator.bandwidth.value * eff.bandwidth
+        self._kv_bytes = d.model.kv_bytes_per_token
+        self._weight_bytes = d.model.weight_bytes
+        self._two_params = 2.0 * d.model.active_params
+        self._flops = d.tp * d.accelerator.flops.value * eff.decode_mfu
 
     # --- what the control plane observes -------------------------------------------
 
@@ -107,13 +177,26 @@ class ModelledEngine:
     def resident_views(self) -> list[Resident]:
         """What the control plane sees of everything assigned here: each request's
         context and the tokens it decoded since it was placed."""
-        steps = self.steps
-        out = []
-        for r in self._running.values():
-            context = r.anchor_context + steps - r.anchor_step
-            out.append(Resident(r.request.id, context, context - r.request.placed_context))
+        ids, contexts, decoded = self._running_arrays()
+        out = list(map(_resident, zip(ids, contexts, decoded, strict=True)))
         out += [Resident(w.id, w.context, w.context - w.placed_context) for w in self._waiting]
         return out
+
+    def presorted(self) -> Presorted | None:
+        """`resident_views` as WorkerView's presorted arrays (longest first, ties by id);
+        None while requests wait in the queue (they are not in the running order)."""
+        if self._waiting:
+            return None
+        ids, contexts, decoded = self._running_arrays()
+        return ids, tuple(contexts), tuple(decoded)
+
+    def _running_arrays(self) -> tuple[list[str], Iterator[int], Iterator[int]]:
+        steps = self.steps
+        return (
+            self._ids,
+            map(add, self._offsets, repeat(steps)),
+            map(add, self._decoded_offsets, repeat(steps)),
+        )
 
     def assigned(self) -> tuple[int, int]:
         """(requests, tokens of context) of everything assigned here, running or queued."""
@@ -147,6 +230,8 @@ class ModelledEngine:
         self.changes += 1
         r = self._running.pop(rid, None)
         if r is not None:
+            i = bisect_left(self._order, (r.anchor_step - r.anchor_context, rid))
+            del self._order[i], self._ids[i], self._offsets[i], self._decoded_offsets[i]
             request = self._materialise(r)
             self._anchor_sum -= r.anchor_context - r.anchor_step
             return request
@@ -186,6 +271,13 @@ class ModelledEngine:
             entry = _Running(request, self.steps, request.context, self._admitted)
             self._admitted += 1
             self._running[request.id] = entry
+            offset = request.context - self.steps
+            key = (-offset, request.id)
+            i = bisect_left(self._order, key)
+            self._order.insert(i, key)
+            self._ids.insert(i, request.id)
+            self._offsets.insert(i, offset)
+            self._decoded_offsets.insert(i, offset - request.placed_context)
             self.changes += 1
             self._anchor_sum += request.context - self.steps
             heapq.heappush(
@@ -202,32 +294,40 @@ class ModelledEngine:
         self._waiting_kv += request.context
         self.preemptions += 1
 
+    def _step_model(self, n: int, kv: int) -> _Steps:
+        """The terms of `_Steps` for n running and kv tokens of KV."""
+        b = self._kv_bytes
+        base = (self._weight_bytes + b * kv) / self._bandwidth  # memory term of step one
+        grow = b * n / self._bandwidth  # added per step
+        compute = self._two_params * n / self._flops
+        # Steps before the memory term overtakes the compute floor are compute-bound.
+        if base >= compute:
+            limit: int | None = 0
+        else:
+            limit = math.ceil((compute - base) / grow) if grow else None
+        return _Steps(self.deployment.efficiency.step_overhead_s, base, grow, compute, limit)
+
     def _time_of(self, k: int, n: int, kv: int) -> float:
         """Seconds for k decode steps starting with n running and kv tokens of KV."""
-        d = self.deployment
-        eff = d.efficiency
-        bw = d.tp * d.accelerator.bandwidth.value * eff.bandwidth
-        b = d.model.kv_bytes_per_token
-        base = (d.model.weight_bytes + b * kv) / bw  # memory term of the first step
-        grow = b * n / bw  # added per step
-        compute = (
-            2.0 * d.model.active_params * n / (d.tp * d.accelerator.flops.value * eff.decode_mfu)
-        )
-        # Steps before the memory term overtakes the compute floor are compute-bound.
-        bound = 0 if base >= compute else min(k, math.ceil((compute - base) / grow) if grow else k)
-        memory_steps = k - bound
-        first = base + grow * bound
-        memory = memory_steps * first + grow * memory_steps * (memory_steps - 1) / 2.0
-        return k * eff.step_overhead_s + bound * compute + memory
+        return self._step_model(n, kv).time(k)
 
     def _steps_within(self, seconds: float, n: int, kv: int, cap: int) -> int:
-        """The most steps (<= cap) that fit in `seconds`, at least one."""
+        """The most steps (<= cap) that fit in `seconds`, at least one: the smallest k
+        whose time reaches `seconds`, found by bisection from the closed form's guess."""
+        model = self._step_model(n, kv)
         lo, hi = 1, max(1, cap)
-        if self._time_of(hi, n, kv) <= seconds:
+        if model.time(hi) <= seconds:
             return hi
-        while lo < hi:  # smallest k whose time reaches `seconds`
+        guess = min(hi, max(lo, model.guess(seconds)))
+        if model.time(guess) >= seconds:
+            if guess == lo or model.time(guess - 1) < seconds:
+                return guess
+            hi = guess - 1
+        else:
+            lo = guess + 1
+        while lo < hi:
             mid = (lo + hi) // 2
-            if self._time_of(mid, n, kv) >= seconds:
+            if model.time(mid) >= seconds:
                 hi = mid
             else:
                 lo = mid + 1

@@ -126,3 +126,20 @@ def test_a_request_queued_behind_the_batch_limit_starts_when_a_slot_frees() -> N
     assert started["first"] == 0.0
     assert started["queued"] == stops[0].time  # the moment "first" left the batch
     assert not engine.is_running("queued")
+
+
+@pytest.mark.parametrize("accelerator", ["H800", "A910X", "L40S"])
+def test_the_steps_that_fit_in_a_period_are_the_fewest_that_reach_it(accelerator: str) -> None:
+    """The closed form's guess only starts the search: the answer is the smallest k whose
+    time reaches the period (or the cap), exactly as counting step by step finds it."""
+    d = Deployment(MODELS["Qwen3-8B"], ACCELERATORS[accelerator], 1, 400_000, Efficiency())
+    engine = ModelledEngine(d)
+    rng = random.Random(7)
+    for _ in range(300):
+        n, kv = rng.randint(1, 256), rng.randint(0, 300_000)
+        seconds, cap = rng.uniform(0.001, 2.0), rng.randint(1, 3_000)
+        found = engine._steps_within(seconds, n, kv, cap)
+        times = [engine._time_of(k, n, kv) for k in range(1, cap + 1)]
+        reaching = [k for k, t in enumerate(times, start=1) if t >= seconds]
+        expected = cap if times[-1] <= seconds else reaching[0]
+        assert found == expected, (n, kv, seconds, cap)
