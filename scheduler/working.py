@@ -43,6 +43,7 @@ class WorkingWorker:
         "affinity",
         "capacity",
         "cost",
+        "count",
         "id",
         "max_seqs",
         "reserve",
@@ -59,6 +60,7 @@ class WorkingWorker:
         self.affinity = view.affinity
         self.capacity = view.capacity
         self.used = view.used
+        self.count = view.count  # how many it holds: the snapshot's, then this cycle's
         self.max_seqs = view.max_seqs
         self.cost: StepCost | None = view.cost
         # The snapshot's residents until this cycle first reads them (a presorted view
@@ -102,10 +104,6 @@ class WorkingWorker:
         if self._residents is None:
             self._residents = self.view.residents
         return self._residents
-
-    @property
-    def count(self) -> int:
-        return self.view.count if self._residents is None else len(self._residents)
 
     def _own(self) -> list[Resident]:
         if not self._owned:
@@ -187,6 +185,7 @@ class WorkingWorker:
     def pop(self, index: int, min_decode: int) -> Resident:
         resident = self._own().pop(index)
         self.used -= resident.context
+        self.count -= 1
         if resident.decoded_since_placement >= min_decode:
             self._popped.append(resident.context)
         return resident
@@ -196,6 +195,7 @@ class WorkingWorker:
         the rest of the cycle, so no rule looks for it by length."""
         self._own().append(Resident(trajectory, context, 0))
         self.used += context
+        self.count += 1
 
 
 def period_growth(view: WorkerView, period_s: float) -> int | None:
