@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -21,7 +22,7 @@ from typing import TypeVar, get_args
 import yaml
 from pydantic import ValidationError
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from cadence.cli.common import (
     Commands,
@@ -165,44 +166,48 @@ def _eta_beyond_reach(scenario: Scenario, path: str, values: Sequence[object]) -
 
 def _compare(scenario_file: Path, name: str, call: Callable[[], R]) -> tuple[R, dict[str, float]]:
     """Run a comparison, turning refused settings into usage errors; time it in wall and
-    CPU seconds (user + system, this process)."""
-    start, cpu = time.perf_counter(), time.process_time()
+    CPU seconds (user + system, this process and the runs' worker processes)."""
+    start, cpu = time.perf_counter(), _cpu_seconds()
     try:
         out = call()
     except compare.UnknownSetting as e:
         raise UsageError(str(e)) from None
     except ValidationError as e:
         raise UsageError(validation_sentence("scenario", scenario_file, e, Scenario)) from None
-    wall, cpu = time.perf_counter() - start, time.process_time() - cpu
+    wall, cpu = time.perf_counter() - start, _cpu_seconds() - cpu
     print(f"{name}: {wall:.1f} s of wall time, {cpu:.1f} s of CPU")
     return out, {"wall_seconds": round(wall, 3), "cpu_seconds": round(cpu, 3)}
+
+
+def _cpu_seconds() -> float:
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
 
 
 class _LineProgress:
     """Progress for logs and pipes: a line as each run starts."""
 
-    def run_started(self, label: str, batches: int) -> None:
+    def run_started(self, label: str, batches: int) -> Callable[[int, float], None]:
         print(f"  running {label}", file=sys.stderr, flush=True)
-
-    def batch_consumed(self, consumed: int, simulated_s: float) -> None:
-        pass
+        return lambda consumed, simulated_s: None
 
 
 class _BarProgress:
-    """Progress on a terminal: one rich bar per run, counting batches consumed."""
+    """Progress on a terminal: a rich bar per run, counting batches consumed; a run's
+    bar goes when the run ends."""
 
     def __init__(self, bar: Progress) -> None:
         self.bar = bar
-        self.task: TaskID | None = None
 
-    def run_started(self, label: str, batches: int) -> None:
-        if self.task is not None:
-            self.bar.update(self.task, visible=False)
-        self.task = self.bar.add_task(label, total=batches, sim="0")
+    def run_started(self, label: str, batches: int) -> Callable[[int, float], None]:
+        task = self.bar.add_task(label, total=batches, sim="0")
 
-    def batch_consumed(self, consumed: int, simulated_s: float) -> None:
-        if self.task is not None:
-            self.bar.update(self.task, completed=consumed, sim=f"{simulated_s:,.0f}")
+        def consumed(done: int, simulated_s: float) -> None:
+            self.bar.update(task, completed=done, sim=f"{simulated_s:,.0f}")
+            if done >= batches:
+                self.bar.update(task, visible=False)
+
+        return consumed
 
 
 @contextlib.contextmanager
@@ -234,6 +239,8 @@ def _cmd_sim(args: argparse.Namespace) -> int:
             f"unknown policy {', '.join(unknown) or '(none)'}; available: {', '.join(POLICIES)}"
         )
     settings = _policy_settings(args.param or [])
+    if args.jobs < 1:
+        raise UsageError(f"--jobs is {args.jobs}; it must be at least 1")
 
     out = Console(width=None if sys.stdout.isatty() else 120)
     for line in pool_lines(scenario.deployments()):
@@ -257,6 +264,7 @@ def _cmd_sim(args: argparse.Namespace) -> int:
                     settings=settings,
                     sweep=args.sweep,
                     progress=progress,
+                    jobs=args.jobs,
                 ),
             )
         for value, rows in by_value.items():
@@ -283,7 +291,13 @@ def _cmd_sim(args: argparse.Namespace) -> int:
             args.scenario,
             scenario.name,
             lambda: compare.run(
-                scenario, names, settings, sweep=args.sweep, progress=progress, trace=trace
+                scenario,
+                names,
+                settings,
+                sweep=args.sweep,
+                progress=progress,
+                trace=trace,
+                jobs=args.jobs,
             ),
         )
     out.print(table(results, scenario.name))
@@ -360,5 +374,12 @@ def add_sim(sub: Commands) -> None:
         "--sweep",
         action="store_true",
         help="run each baseline over its unknown parameters and report its best setting",
+    )
+    s.add_argument(
+        "--jobs",
+        type=int,
+        default=os.cpu_count() or 1,
+        help="runs at once, each in its own process (default: one per core; the results "
+        "are the same as one at a time)",
     )
     s.set_defaults(run=_cmd_sim)

@@ -1,10 +1,18 @@
 """Run one scenario under several policies, each at given settings or at its best over a
-sweep of the parameters its source leaves unknown (docs/concepts.md, "The baselines")."""
+sweep of the parameters its source leaves unknown (docs/concepts.md, "The baselines").
+
+Runs are independent and deterministic, so with `jobs` > 1 they run in that many worker
+processes at once and give the same results as one after another; each run's batches
+are relayed back to the caller's progress as they are consumed.
+"""
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+import multiprocessing
+import queue
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from typing import Any, Protocol
 
 from cadence.scheduler.registry import POLICIES, SWEEPS
@@ -18,11 +26,10 @@ class UnknownSetting(ValueError):
 
 
 class Progress(Protocol):
-    """Told as runs start and batches are consumed; `cadence sim` draws a bar with it."""
+    """Told as each run starts; the callback it returns hears of that run's batches
+    consumed (how many, at what simulated time). `cadence sim` draws a bar per run."""
 
-    def run_started(self, label: str, batches: int) -> None: ...
-
-    def batch_consumed(self, consumed: int, simulated_s: float) -> None: ...
+    def run_started(self, label: str, batches: int) -> Callable[[int, float], None]: ...
 
 
 def make_policy(name: str, settings: Mapping[str, Any]) -> Any:
@@ -47,11 +54,12 @@ def run(
     progress: Progress | None = None,
     trace: str | None = None,
     label: str = "",
+    jobs: int = 1,
 ) -> list[Result]:
     """One Result per policy. With `sweep`, a baseline with unknown parameters runs over
     its grid (fixed `settings` still apply) and its best-throughput run is reported, with
     every setting tried under extras["sweep"]. `trace` names a trajectory each run follows
-    (Result.trace)."""
+    (Result.trace). `jobs`: how many runs at once, each in its own process."""
     plans: list[tuple[str, list[dict[str, Any]]]] = []
     for name in names:
         fixed = dict(settings.get(name, {}))
@@ -60,21 +68,20 @@ def run(
         for point in candidates:
             make_policy(name, point)  # refuse a bad setting before anything runs
         plans.append((name, candidates))
-    results = []
-    for name, candidates in plans:
-        tried = []
-        for point in candidates:
+    tasks = [(name, point) for name, candidates in plans for point in candidates]
+    labels = [f"{label}{name} {point}" if point else f"{label}{name}" for name, point in tasks]
+    if jobs > 1 and len(tasks) > 1:
+        outcomes = _in_processes(scenario, tasks, labels, trace, jobs=jobs, progress=progress)
+    else:
+        outcomes = []
+        for (name, point), text in zip(tasks, labels, strict=True):
             on_batch = None
             if progress is not None:
-                progress.run_started(
-                    f"{label}{name} {point}" if point else f"{label}{name}",
-                    scenario.workload.iterations,
-                )
-                on_batch = progress.batch_consumed
-            sim = Simulation(scenario, make_policy(name, point), trace=trace)
-            result = sim.run(on_batch=on_batch)
-            result.extras["settings"] = dict(point)
-            tried.append(result)
+                on_batch = progress.run_started(text, scenario.workload.iterations)
+            outcomes.append(_one(scenario, name, point, trace, on_batch))
+    results = []
+    for _, candidates in plans:
+        tried, outcomes = outcomes[: len(candidates)], outcomes[len(candidates) :]
         best = max(tried, key=lambda r: r.throughput_tok_s)
         if len(tried) > 1:
             best.extras["sweep"] = [
@@ -87,6 +94,62 @@ def run(
             ]
         results.append(best)
     return results
+
+
+def _one(
+    scenario: Scenario,
+    name: str,
+    point: Mapping[str, Any],
+    trace: str | None,
+    on_batch: Callable[[int, float], None] | None = None,
+) -> Result:
+    result = Simulation(scenario, make_policy(name, point), trace=trace).run(on_batch=on_batch)
+    result.extras["settings"] = dict(point)
+    return result
+
+
+def _relayed(
+    scenario: Scenario,
+    policy: tuple[str, Mapping[str, Any]],
+    trace: str | None,
+    task: int,
+    events: queue.Queue[tuple[int, int, float]],
+) -> Result:
+    """A run in a worker process, its batches sent back as (task, consumed, time)."""
+    return _one(scenario, *policy, trace, lambda c, t: events.put((task, c, t)))
+
+
+def _in_processes(
+    scenario: Scenario,
+    tasks: Sequence[tuple[str, Mapping[str, Any]]],
+    labels: Sequence[str],
+    trace: str | None,
+    *,
+    jobs: int,
+    progress: Progress | None,
+) -> list[Result]:
+    # Spawned, not forked: the caller may hold threads (a progress bar's) and locks.
+    context = multiprocessing.get_context("spawn")
+    with context.Manager() as manager, ProcessPoolExecutor(jobs, mp_context=context) as pool:
+        events: queue.Queue[tuple[int, int, float]] = manager.Queue()
+        futures: list[Future[Result]] = []
+        callbacks: list[Callable[[int, float], None] | None] = []
+        for task, (policy, text) in enumerate(zip(tasks, labels, strict=True)):
+            futures.append(pool.submit(_relayed, scenario, policy, trace, task, events))
+            started = progress.run_started(text, scenario.workload.iterations) if progress else None
+            callbacks.append(started)
+        pending: set[Future[Result]] = set(futures)
+        while pending:
+            _, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
+            while True:
+                try:
+                    task, consumed, at = events.get_nowait()
+                except queue.Empty:
+                    break
+                callback = callbacks[task]
+                if callback is not None:
+                    callback(consumed, at)
+        return [f.result() for f in futures]
 
 
 def with_setting(scenario: Scenario, path: str, value: Any) -> Scenario:
@@ -135,12 +198,19 @@ def vary(
     settings: Mapping[str, Mapping[str, Any]] | None = None,
     sweep: bool = False,
     progress: Progress | None = None,
+    jobs: int = 1,
 ) -> dict[Any, list[Result]]:
     """Each policy at each value of one scenario field (the paper's eta and delta sweeps)."""
     variants = {v: with_setting(scenario, path, v) for v in values}  # refuse bad input first
     out: dict[Any, list[Result]] = {}
     for value, variant in variants.items():
         out[value] = run(
-            variant, names, settings or {}, sweep=sweep, progress=progress, label=f"{path}={value} "
+            variant,
+            names,
+            settings or {},
+            sweep=sweep,
+            progress=progress,
+            label=f"{path}={value} ",
+            jobs=jobs,
         )
     return out

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
+
 import pytest
 
 from cadence.scheduler.registry import SWEEPS
@@ -59,3 +62,22 @@ def test_a_setting_keeps_a_scenarios_length_law(path: str, value: object) -> Non
     changed = compare.with_setting(scenario, path, value)
     assert changed.workload.response_lengths == scenario.workload.response_lengths
     assert changed != scenario
+
+
+class _Recorder:
+    def __init__(self) -> None:
+        self.seen: dict[str, list[int]] = {}
+
+    def run_started(self, label: str, batches: int) -> Callable[[int, float], None]:
+        consumed = self.seen.setdefault(label, [])
+        return lambda done, at: consumed.append(done)
+
+
+def test_runs_in_worker_processes_give_the_results_of_runs_one_after_another() -> None:
+    scenario = Scenario.load(TINY)
+    alone = compare.run(scenario, ["cadence", "dora"], {})
+    progress = _Recorder()
+    together = compare.run(scenario, ["cadence", "dora"], {}, jobs=2, progress=progress)
+    assert [dataclasses.asdict(r) for r in together] == [dataclasses.asdict(r) for r in alone]
+    batches = list(range(1, scenario.workload.iterations + 1))
+    assert progress.seen == {"cadence": batches, "dora": batches}
