@@ -17,7 +17,7 @@ from cadence.operator.api.resources import (
     TrainingRun,
 )
 from cadence.operator.kube import children, scale_in
-from cadence.operator.kube.client import path
+from cadence.operator.kube.client import KubeError, path
 from cadence.operator.kube.reconciling import (
     Events,
     ReconcilerBase,
@@ -74,11 +74,18 @@ class GroupReconciler(ReconcilerBase):
             pool: RolloutPool = validated(RolloutPool, pool_obj)
             run: TrainingRun = validated(TrainingRun, run_obj)
             taken = {p["metadata"]["name"] for p in live}
+            # A pod still Terminating holds its name until it goes: it counts as the
+            # group's until then. Any other name the list did not show is created
+            # without reading it first (a GET per new pod was 1,024 GETs for a pool of
+            # 1,024 workers).
+            holding = {
+                p["metadata"]["name"]: p for p in pods if p["metadata"].get("deletionTimestamp")
+            }
             index = 0
             while len(live) < desired:
                 name = f"{group.metadata.name}-{index}"
                 if name not in taken:
-                    pod, _ = await self.kube.ensure(
+                    pod = holding.get(name) or await self._create_pod(
                         children.worker_pod(pool, group, body, run, index)
                     )
                     live.append(pod)
@@ -115,6 +122,17 @@ class GroupReconciler(ReconcilerBase):
         if run_obj is None:  # what a run's loop reported of the group ended with the run
             status.update(dict.fromkeys(RUN_FIGURES))
         return status
+
+    async def _create_pod(self, pod: dict[str, Any]) -> dict[str, Any]:
+        """`pod` created; if one of its name was made since the list (a retired pod of
+        an earlier run, still Terminating, or another handler's), that one."""
+        try:
+            return await self.kube.create(pod)
+        except KubeError as e:
+            if e.status != 409:
+                raise
+        existing, _ = await self.kube.ensure(pod)
+        return existing
 
     async def _roll(
         self,
