@@ -74,7 +74,7 @@ _Class = tuple[int, str]  # (affinity rank, transfer group with a move rule, els
 
 def _margin(w: WorkingWorker) -> int:
     """Headroom above the floor it would have with one more resident."""
-    return w.headroom - w.floor(w.count + 1)
+    return w.margin()
 
 
 class TargetIndex:

@@ -86,6 +86,13 @@ class WorkingWorker:
             return self._h_min
         return max(self._h_min, self._floor_each * (self.count if count is None else count))
 
+    def margin(self) -> int:
+        """Headroom above the floor it would have with one more resident (the
+        concentration rule's room; one call, as it is read for every candidate)."""
+        each = self._floor_each
+        floor = self._h_min if each is None else max(self._h_min, each * (self.count + 1))
+        return self.capacity - self.used - floor
+
     def has_seat(self) -> bool:
         """Below the engine's sequence limit: one more trajectory would decode at once."""
         return self.max_seqs is None or self.count < self.max_seqs
