@@ -113,7 +113,7 @@ class Supervisor:
             return
         patch = kopf.Patch()
         await self.reconcile(key, copy.deepcopy(body), patch)
-        if not patch or key not in self.seen:
+        if not patch or key not in self.seen or _changes_nothing(body, patch):
             return
         try:
             await self.kube.patch(path_of(body) + "/status", dict(patch))
@@ -170,3 +170,13 @@ class Supervisor:
             self._stop(key)
         if self.stopping:
             await asyncio.wait(set(self.stopping.values()))
+
+
+def _changes_nothing(body: Mapping[str, Any], patch: Mapping[str, Any]) -> bool:
+    """Whether a merge patch of the status would leave `body` as it is: a resync of a
+    pool at rest then writes nothing (one status write per object per resync was most
+    of a steady resync's requests)."""
+    status = body.get("status") or {}
+    return set(patch) <= {"status"} and all(
+        status.get(field) == value for field, value in (patch.get("status") or {}).items()
+    )
