@@ -29,8 +29,6 @@ from cadence.trainer.api import (
     AdmitResponse,
     Batch,
     BatchSample,
-    FreshView,
-    InFlight,
     IngestResponse,
     LedgerView,
     PublishRequest,
@@ -106,36 +104,35 @@ def _rollout_routes(trainer: Trainer, guarded: Any, route_class: type[APIRoute])
             )
         return IngestResponse(result=result, reward=reward)
 
-    @router.get("/v1/ledger", dependencies=guarded)
-    async def ledger() -> LedgerView:
+    @router.get("/v1/ledger", dependencies=guarded, response_model=LedgerView)
+    async def ledger() -> Response:
+        """Serialized here, once: the control loop reads it every period, and FastAPI
+        would validate every sample's entry again before serializing it."""
         with trainer.lock:
             ledger = trainer.ledger
-            fresh = ledger.samples("fresh")
-            groups = sorted({s.group for s in fresh})
-            return LedgerView(
-                version=ledger.version,
-                cursor=ledger.cursor,
-                consumed=ledger.consumed_batches,
-                total_groups=trainer.total_groups,
-                group_size=config.group_size,
-                batch_groups=config.batch_groups,
-                admission_limit=trainer.admission_limit(),
-                prompts={g: ledger.group(g).prompt for g in groups},
-                fresh=[FreshView(id=s.id, group=s.group, attempt=s.attempt) for s in fresh],
-                in_flight=[
-                    InFlight(
-                        id=s.id,
-                        group=s.group,
-                        attempt=s.attempt,
-                        state=s.state,
-                        worker=s.worker,
-                        version=s.version,
-                    )
-                    for s in ledger.samples(*IN_FLIGHT)
-                ],
-                max_tokens=config.max_tokens,
-                temperature=config.temperature,
+            fresh = ledger.listed("fresh")
+            groups = sorted({group for _, group, *_ in fresh})
+            # Validated whole, from plain rows: one model per sample costs twice as much.
+            view = LedgerView.model_validate(
+                {
+                    "version": ledger.version,
+                    "cursor": ledger.cursor,
+                    "consumed": ledger.consumed_batches,
+                    "total_groups": trainer.total_groups,
+                    "group_size": config.group_size,
+                    "batch_groups": config.batch_groups,
+                    "admission_limit": trainer.admission_limit(),
+                    "prompts": {g: ledger.group(g).prompt for g in groups},
+                    "fresh": [{"id": i, "group": g, "attempt": a} for i, g, a, *_ in fresh],
+                    "in_flight": [
+                        {"id": i, "group": g, "attempt": a, "state": s, "worker": w, "version": v}
+                        for i, g, a, s, w, v in ledger.listed(*IN_FLIGHT)
+                    ],
+                    "max_tokens": config.max_tokens,
+                    "temperature": config.temperature,
+                }
             )
+        return Response(view.model_dump_json(), media_type="application/json")
 
     @router.post("/v1/admit", dependencies=guarded)
     async def admit(body: AdmitRequest) -> AdmitResponse:

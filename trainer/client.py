@@ -45,7 +45,8 @@ class TrainerClient(ServiceClient):
     default_timeout_s = 10.0
 
     async def ledger(self) -> LedgerView:
-        return LedgerView.model_validate(await self._call("GET", "/v1/ledger"))
+        view: LedgerView = await self._call("GET", "/v1/ledger", model=LedgerView)
+        return view
 
     async def admit(self, groups: int) -> list[int]:
         body = AdmitRequest(groups=groups)

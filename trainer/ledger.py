@@ -234,6 +234,19 @@ class Ledger:
             query += f" WHERE state IN ({', '.join('?' * len(states))})"
         return [_sample(r) for r in self.db.execute(query + " ORDER BY grp, id", states)]
 
+    def listed(
+        self, *states: SampleState
+    ) -> list[tuple[str, int, int, SampleState, str | None, int | None]]:
+        """(id, group, attempt, state, worker, version) of every sample in `states`, in
+        the order `samples` gives: the control loop's view lists tens of thousands every
+        period, and building a `Sample` of each was most of the time it took."""
+        marks = ", ".join("?" * len(states))
+        query = (
+            "SELECT id, grp, attempt, state, worker, version FROM samples "
+            f"WHERE state IN ({marks}) ORDER BY grp, id"
+        )
+        return self.db.execute(query, states).fetchall()
+
     def record(
         self,
         sid: str,

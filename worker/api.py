@@ -361,6 +361,10 @@ class Delivery(_Body):
 # --- a host of several workers (worker/host.py) -------------------------------------------
 
 
+# Items one bulk call may carry; a client splits more into several calls.
+BULK_ITEMS = 4096
+
+
 class HostStates(_Body):
     states: dict[str, WorkerState]
 
@@ -378,11 +382,11 @@ class HostEvict(_Body):
 class HostPlaceMany(_Body):
     """Placements for several of a host's workers, made concurrently in one call."""
 
-    items: list[HostPlace] = Field(max_length=4096)
+    items: list[HostPlace] = Field(max_length=BULK_ITEMS)
 
 
 class HostEvictMany(_Body):
-    items: list[HostEvict] = Field(max_length=4096)
+    items: list[HostEvict] = Field(max_length=BULK_ITEMS)
 
 
 class Outcome(_Body):

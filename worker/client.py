@@ -15,6 +15,7 @@ from pydantic import TypeAdapter
 from cadence.common.sources import Destinations, SourceRefused
 from cadence.common.web import ServiceClient, ServiceError, client_verify
 from cadence.worker.api import (
+    BULK_ITEMS,
     AdvanceRequest,
     ClaimRequest,
     Delivery,
@@ -49,7 +50,8 @@ class WorkerClient(ServiceClient):
     default_timeout_s = 5.0
 
     async def state(self) -> WorkerState:
-        return WorkerState.model_validate(await self._call("GET", "/v1/state"))
+        state: WorkerState = await self._call("GET", "/v1/state", model=WorkerState)
+        return state
 
     async def place(self, req: PlaceRequest, timeout_s: float | None = None) -> PlaceResponse:
         return PlaceResponse.model_validate(
@@ -95,23 +97,34 @@ class HostClient(ServiceClient):
     default_timeout_s = 5.0
 
     async def states(self) -> dict[str, WorkerState]:
-        return HostStates.model_validate(await self._call("GET", "/v1/states")).states
+        answer: HostStates = await self._call("GET", "/v1/states", model=HostStates)
+        return answer.states
 
     async def place(
         self, items: list[tuple[str, PlaceRequest]], timeout_s: float | None = None
     ) -> list[PlaceResponse | WorkerError]:
-        body = HostPlaceMany(items=[HostPlace(worker=w, request=r) for w, r in items])
-        answer = await self._call("POST", "/v1/place", body, timeout_s=timeout_s)
-        outcomes = Outcomes.model_validate(answer)
-        return [o.placed if o.placed is not None else self._error(o) for o in outcomes.items]
+        """More than `BULK_ITEMS` go in several calls, one after another (a pool filling
+        up places thousands on one host at once)."""
+        out: list[PlaceResponse | WorkerError] = []
+        for start in range(0, len(items), BULK_ITEMS):
+            chunk = items[start : start + BULK_ITEMS]
+            body = HostPlaceMany(items=[HostPlace(worker=w, request=r) for w, r in chunk])
+            answer = await self._call("POST", "/v1/place", body, timeout_s=timeout_s)
+            outcomes = Outcomes.model_validate(answer)
+            out += [o.placed if o.placed is not None else self._error(o) for o in outcomes.items]
+        return out
 
     async def evict(
         self, items: list[tuple[str, str]], timeout_s: float | None = None
     ) -> list[EvictResponse | WorkerError]:
-        body = HostEvictMany(items=[HostEvict(worker=w, id=i) for w, i in items])
-        answer = await self._call("POST", "/v1/evict", body, timeout_s=timeout_s)
-        outcomes = Outcomes.model_validate(answer)
-        return [o.evicted if o.evicted is not None else self._error(o) for o in outcomes.items]
+        out: list[EvictResponse | WorkerError] = []
+        for start in range(0, len(items), BULK_ITEMS):
+            chunk = items[start : start + BULK_ITEMS]
+            body = HostEvictMany(items=[HostEvict(worker=w, id=i) for w, i in chunk])
+            answer = await self._call("POST", "/v1/evict", body, timeout_s=timeout_s)
+            outcomes = Outcomes.model_validate(answer)
+            out += [o.evicted if o.evicted is not None else self._error(o) for o in outcomes.items]
+        return out
 
     @staticmethod
     def _error(outcome: Outcome) -> WorkerError:

@@ -18,7 +18,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Response
 from fastapi.responses import JSONResponse
 
 from cadence.common import web
@@ -57,10 +57,13 @@ def create_host_app(cores: dict[str, WorkerCore], token: str) -> FastAPI:
             return web.problem(503, "stalled", "; ".join(stalled))
         return JSONResponse({"status": "ok", "workers": sorted(cores)})
 
-    @host.get("/v1/states", dependencies=guarded)
-    async def states() -> HostStates:
-        """Every hosted worker's `/v1/state` in one answer."""
-        return HostStates(states={wid: core.state() for wid, core in cores.items()})
+    @host.get("/v1/states", dependencies=guarded, response_model=HostStates)
+    async def states() -> Response:
+        """Every hosted worker's `/v1/state` in one answer. Serialized here, once: the
+        control loop reads it every period, and FastAPI would validate every worker's
+        state again before serializing it."""
+        answer = HostStates(states={wid: core.state() for wid, core in cores.items()})
+        return Response(answer.model_dump_json(), media_type="application/json")
 
     @host.post("/v1/evict", dependencies=guarded)
     async def evict_many(body: HostEvictMany) -> Outcomes:

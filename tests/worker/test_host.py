@@ -6,7 +6,9 @@ from __future__ import annotations
 import asyncio
 
 import httpx
+import pytest
 
+from cadence.worker import client
 from cadence.worker.api import EvictResponse, PlaceResponse
 from cadence.worker.client import HostClient, WorkerError
 from cadence.worker.host import create_host_app
@@ -71,3 +73,34 @@ def test_bulk_place_and_evict_answer_each_item_as_its_single_call_would() -> Non
     assert isinstance(placed[4], WorkerError) and placed[4].reason == "version"
     assert isinstance(evicted[0], EvictResponse) and "a" in cores["h800-0"].parked
     assert isinstance(evicted[1], WorkerError) and evicted[1].status == 404
+
+
+def test_more_items_than_one_bulk_call_carries_go_in_several(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(client, "BULK_ITEMS", 3)  # the API's bound is 4,096
+    pool = Pool()
+    cores = {"h800-0": pool.add("h800-0"), "h800-1": pool.add("h800-1")}
+    calls: list[str] = []
+
+    async def go() -> tuple[list[object], list[object]]:
+        app = create_host_app(cores, "s3cret")
+        transport = httpx.ASGITransport(app=app)
+
+        async def count(request: httpx.Request) -> None:
+            calls.append(request.url.path)
+
+        host = HostClient("http://host", "s3cret", transport=transport)
+        host.http.event_hooks["request"].append(count)
+        try:
+            ids = [f"t{i}" for i in range(7)]
+            placed = await host.place([(f"h800-{i % 2}", fresh(t)) for i, t in enumerate(ids)])
+            evicted = await host.evict([(f"h800-{i % 2}", t) for i, t in enumerate(ids)])
+        finally:
+            await host.aclose()
+        return list(placed), list(evicted)
+
+    placed, evicted = asyncio.run(go())
+    assert [p.id for p in placed if isinstance(p, PlaceResponse)] == [f"t{i}" for i in range(7)]
+    assert [e.id for e in evicted if isinstance(e, EvictResponse)] == [f"t{i}" for i in range(7)]
+    assert calls == ["/v1/place"] * 3 + ["/v1/evict"] * 3
