@@ -117,6 +117,46 @@ def _cmd_bench_learn(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_bench_loop(args: argparse.Namespace) -> int:
+    if args.seconds <= 0 or args.period <= 0 or args.warmup < 0:
+        raise UsageError("--seconds and --period must be positive, --warmup not negative")
+    if not 0 < args.compression <= 1:
+        raise UsageError("--compression must be above 0 and at most 1")
+    hosts = args.hosts if args.hosts is not None else -(-args.workers // args.per_host)
+    if hosts > args.workers:
+        raise UsageError(f"--hosts {hosts} is more than --workers {args.workers}")
+    # Imported here: the control loop's imports are not every subcommand's.
+    from cadence.bench.loop import main as loop_main  # noqa: PLC0415
+
+    loop_main(
+        args.workers,
+        hosts=hosts,
+        seconds=args.seconds,
+        period_s=args.period,
+        warmup_s=args.warmup,
+        compression=args.compression,
+    )
+    return 0
+
+
+def _cmd_bench_operator(args: argparse.Namespace) -> int:
+    if args.groups > 32:
+        raise UsageError("--groups must be at most 32 (a pool's most groups)")
+    if args.pods < args.groups:
+        raise UsageError("--pods must be at least --groups (each group needs a worker)")
+    # Imported here: the emulator and fake time are the dev extra's (kmock, looptime).
+    from cadence.bench.operator import largest_group  # noqa: PLC0415
+    from cadence.bench.operator import main as operator_main  # noqa: PLC0415
+    from cadence.devcluster.emulator import KubernetesEmulator  # noqa: PLC0415
+    from cadence.operator.api.base import MAX_REPLICAS  # noqa: PLC0415
+
+    if largest_group(args.pods, args.groups) > MAX_REPLICAS:
+        raise UsageError(f"--pods over --groups must stay within {MAX_REPLICAS} per group")
+
+    operator_main(args.pods, args.groups, KubernetesEmulator)
+    return 0
+
+
 def add_bench(sub: Commands) -> None:
     """`cadence bench BENCH`, one subparser per benchmark."""
     bench = sub.add_parser("bench", help="run a benchmark (prints JSON)")
@@ -199,6 +239,43 @@ def add_bench(sub: Commands) -> None:
     )
     ag.add_argument("--iterations", type=at_least(1), default=6, help="batches per run")
     ag.set_defaults(run=_cmd_bench_agreement)
+    lp = benches.add_parser(
+        "loop",
+        help="the real control loop's cycle time against many emulated workers (prints JSON)",
+        description="Run the control loop with the Cadence policy every PERIOD seconds "
+        "against WORKERS emulated workers (many per host process, random tokens, no model) "
+        "and the trainer service over HTTP on 127.0.0.1; after WARMUP seconds, measure for "
+        "SECONDS: cycle, observe, plan and apply times, cycles skipped for lateness, bytes "
+        "observed per cycle and the loop process's memory growth.",
+    )
+    lp.add_argument("--workers", type=at_least(1), default=1024, help="emulated workers")
+    spread = lp.add_mutually_exclusive_group()
+    spread.add_argument("--hosts", type=at_least(1), help="worker host processes")
+    spread.add_argument(
+        "--per-host", type=at_least(1), default=256, help="workers per host process"
+    )
+    lp.add_argument("--seconds", type=float, default=60.0, help="measured (600: the soak)")
+    lp.add_argument("--period", type=float, default=1.0, help="control period, seconds")
+    lp.add_argument("--warmup", type=float, default=30.0, help="seconds run first, unmeasured")
+    lp.add_argument(
+        "--compression",
+        type=float,
+        default=0.01,
+        help="the emulated accelerators' speed, a fraction of the modelled one",
+    )
+    lp.set_defaults(run=_cmd_bench_loop)
+    op = benches.add_parser(
+        "operator",
+        help="the operator's API requests for a pool of PODS workers (prints JSON)",
+        description="Run the operator (kopf, its production registry and resync) on the "
+        "Kubernetes emulator, on fake time: a pool of PODS worker pods in GROUPS groups "
+        "made and marked Ready, a steady spell, then scaled by a tenth and back. Prints one "
+        "JSON object: the time each took (fake and wall seconds) and the API requests, by "
+        "verb and resource, in each phase and per resync.",
+    )
+    op.add_argument("--pods", type=at_least(1), default=1024, help="worker pods in all")
+    op.add_argument("--groups", type=at_least(1), default=8, help="RolloutGroups they are in")
+    op.set_defaults(run=_cmd_bench_operator)
     le = benches.add_parser(
         "learn",
         help="GRPO on a toy task through workers, trainer and control loop (prints JSON)",
