@@ -6,11 +6,11 @@ raises `WorkerError` carrying the worker's status, reason and sentence.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
 
 import httpx
-from pydantic import TypeAdapter
+from pydantic import BaseModel, TypeAdapter
 
 from cadence.common.sources import Destinations, SourceRefused
 from cadence.common.web import ServiceClient, ServiceError, client_verify
@@ -39,6 +39,8 @@ from cadence.worker.api import (
 )
 from cadence.worker.held import Refused
 from cadence.worker.outbox import Rejected
+
+T = TypeVar("T")
 
 
 class WorkerError(ServiceError):
@@ -103,27 +105,34 @@ class HostClient(ServiceClient):
     async def place(
         self, items: list[tuple[str, PlaceRequest]], timeout_s: float | None = None
     ) -> list[PlaceResponse | WorkerError]:
-        """More than `BULK_ITEMS` go in several calls, one after another (a pool filling
-        up places thousands on one host at once)."""
-        out: list[PlaceResponse | WorkerError] = []
-        for start in range(0, len(items), BULK_ITEMS):
-            chunk = items[start : start + BULK_ITEMS]
-            body = HostPlaceMany(items=[HostPlace(worker=w, request=r) for w, r in chunk])
-            answer = await self._call("POST", "/v1/place", body, timeout_s=timeout_s)
-            outcomes = Outcomes.model_validate(answer)
-            out += [o.placed if o.placed is not None else self._error(o) for o in outcomes.items]
-        return out
+        bodies = [
+            HostPlaceMany(items=[HostPlace(worker=w, request=r) for w, r in chunk])
+            for chunk in _chunks(items)
+        ]
+        outcomes = await self._bulk("/v1/place", bodies, timeout_s)
+        return [o.placed if o.placed is not None else self._error(o) for o in outcomes]
 
     async def evict(
         self, items: list[tuple[str, str]], timeout_s: float | None = None
     ) -> list[EvictResponse | WorkerError]:
-        out: list[EvictResponse | WorkerError] = []
-        for start in range(0, len(items), BULK_ITEMS):
-            chunk = items[start : start + BULK_ITEMS]
-            body = HostEvictMany(items=[HostEvict(worker=w, id=i) for w, i in chunk])
-            answer = await self._call("POST", "/v1/evict", body, timeout_s=timeout_s)
-            outcomes = Outcomes.model_validate(answer)
-            out += [o.evicted if o.evicted is not None else self._error(o) for o in outcomes.items]
+        bodies = [
+            HostEvictMany(items=[HostEvict(worker=w, id=i) for w, i in chunk])
+            for chunk in _chunks(items)
+        ]
+        outcomes = await self._bulk("/v1/evict", bodies, timeout_s)
+        return [o.evicted if o.evicted is not None else self._error(o) for o in outcomes]
+
+    async def _bulk(
+        self, path: str, bodies: Sequence[BaseModel], timeout_s: float | None
+    ) -> list[Outcome]:
+        """The bodies' outcomes in order, one call after another: more than `BULK_ITEMS`
+        items go in several calls (a pool filling up places thousands on one host)."""
+        out: list[Outcome] = []
+        for body in bodies:
+            answer: Outcomes = await self._call(
+                "POST", path, body, timeout_s=timeout_s, model=Outcomes
+            )
+            out += answer.items
         return out
 
     @staticmethod
@@ -202,3 +211,8 @@ class TrainerSender:
         if response.status_code in FINAL_REFUSALS:
             raise Rejected(f"{response.status_code} {response.text[:300]}")
         response.raise_for_status()
+
+
+def _chunks(items: list[T]) -> list[list[T]]:
+    """`items` in runs of at most `BULK_ITEMS`, what one bulk call may carry."""
+    return [items[i : i + BULK_ITEMS] for i in range(0, len(items), BULK_ITEMS)]
