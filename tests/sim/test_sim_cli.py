@@ -98,6 +98,7 @@ def test_unknown_policy_and_missing_file_are_exit_2(capsys: pytest.CaptureFixtur
         (["--vary", "scheduling.bogus=1,2"], "no field 'scheduling.bogus'"),
         (["--vary", "scheduling.eta=-1"], "scheduling.eta"),
         (["--policies", "cadence", "--param", "cadence.fresh=bogus"], "is not one of"),
+        (["--jobs", "0"], "--jobs is 0; it must be at least 1"),
     ],
 )
 def test_bad_settings_are_exit_2_before_anything_runs(
