@@ -33,7 +33,15 @@ class InFlight(_Body):
 
 
 class LedgerView(_Body):
-    """GET /v1/ledger: what the control loop needs to rebuild its view."""
+    """GET /v1/ledger: what the control loop needs to rebuild its view.
+
+    `GET /v1/ledger?since=<epoch>.<rev>` (the `epoch` and `rev` of an earlier answer)
+    answers with `delta` true where it can: `fresh` and `in_flight` then hold only the
+    samples that changed after `rev`, `ended` the ids of those that ended (delivered),
+    and `prompts` the groups of the fresh ones. A reader applies it to the copy it kept
+    (`operator/control/ledger_copy.py`). It answers whole (`delta` false) to a reader of
+    another ledger (a new run's) or of a later `rev` than the ledger has.
+    """
 
     version: int
     cursor: int  # groups admitted
@@ -47,6 +55,15 @@ class LedgerView(_Body):
     in_flight: list[InFlight]
     max_tokens: int
     temperature: float
+    epoch: str = ""  # the ledger's identity
+    rev: int = 0  # the latest change this answer includes
+    delta: bool = False
+    ended: list[str] = []
+
+    @property
+    def since(self) -> str:
+        """What to send as `since` to read the changes after this answer."""
+        return f"{self.epoch}.{self.rev}"
 
 
 class VersionInfo(_Body):

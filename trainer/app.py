@@ -105,12 +105,20 @@ def _rollout_routes(trainer: Trainer, guarded: Any, route_class: type[APIRoute])
         return IngestResponse(result=result, reward=reward)
 
     @router.get("/v1/ledger", dependencies=guarded, response_model=LedgerView)
-    async def ledger() -> Response:
+    async def ledger(since: str | None = None) -> Response:
         """Serialized here, once: the control loop reads it every period, and FastAPI
-        would validate every sample's entry again before serializing it."""
+        would validate every sample's entry again before serializing it. With `since`
+        (an earlier answer's `<epoch>.<rev>`), only what changed after it."""
+        after = _since(since)
         with trainer.lock:
             ledger = trainer.ledger
-            fresh = ledger.listed("fresh")
+            epoch, rev = ledger.epoch, ledger.rev
+            delta = after is not None and after[0] == epoch and after[1] <= rev
+            if after is not None and delta:
+                rows = ledger.changed_since(after[1])
+            else:
+                rows = ledger.listed("fresh", *IN_FLIGHT)
+            fresh = [r for r in rows if r[3] == "fresh"]
             groups = sorted({group for _, group, *_ in fresh})
             # Validated whole, from plain rows: one model per sample costs twice as much.
             view = LedgerView.model_validate(
@@ -126,10 +134,15 @@ def _rollout_routes(trainer: Trainer, guarded: Any, route_class: type[APIRoute])
                     "fresh": [{"id": i, "group": g, "attempt": a} for i, g, a, *_ in fresh],
                     "in_flight": [
                         {"id": i, "group": g, "attempt": a, "state": s, "worker": w, "version": v}
-                        for i, g, a, s, w, v in ledger.listed(*IN_FLIGHT)
+                        for i, g, a, s, w, v in rows
+                        if s in IN_FLIGHT
                     ],
+                    "ended": [i for i, _, _, s, *_ in rows if s != "fresh" and s not in IN_FLIGHT],
                     "max_tokens": config.max_tokens,
                     "temperature": config.temperature,
+                    "epoch": epoch,
+                    "rev": rev,
+                    "delta": delta,
                 }
             )
         return Response(view.model_dump_json(), media_type="application/json")
@@ -175,6 +188,17 @@ def _rollout_routes(trainer: Trainer, guarded: Any, route_class: type[APIRoute])
                 raise web.Refusal(409, "finished", str(e)) from None
 
     return router
+
+
+def _since(since: str | None) -> tuple[str, int] | None:
+    if since is None:
+        return None
+    epoch, dot, rev = since.rpartition(".")
+    if not dot or not epoch or not rev.isdigit():
+        raise web.Refusal(
+            400, "invalid_since", f"since {since!r} is not an earlier answer's <epoch>.<rev>"
+        )
+    return epoch, int(rev)
 
 
 def _weights_routes(trainer: Trainer, guarded: Any, route_class: type[APIRoute]) -> APIRouter:

@@ -44,8 +44,11 @@ class TrainerClient(ServiceClient):
     error = TrainerError
     default_timeout_s = 10.0
 
-    async def ledger(self) -> LedgerView:
-        view: LedgerView = await self._call("GET", "/v1/ledger", model=LedgerView)
+    async def ledger(self, since: str | None = None) -> LedgerView:
+        """The whole ledger view; with `since` (an earlier view's `since`), what changed
+        after it where the trainer can say (`LedgerView.delta`)."""
+        path = "/v1/ledger" if since is None else f"/v1/ledger?since={since}"
+        view: LedgerView = await self._call("GET", path, model=LedgerView)
         return view
 
     async def admit(self, groups: int) -> list[int]:

@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 import httpx
 
 from cadence.operator.control.config import LoopConfig
+from cadence.operator.control.ledger_copy import LedgerCopy
 from cadence.scheduler.actions import Action, Admit, Advance, Evict, Place
 from cadence.scheduler.snapshot import (
     PendingTrajectory,
@@ -55,6 +56,7 @@ class ActionApplier:
     _versions: dict[int, VersionInfo]
     _hosts: dict[str, HostClient]
     _host_of: dict[str, str]
+    _ledger: LedgerCopy
 
     async def _apply(
         self, actions: Sequence[Action], view: LedgerView, pending: dict[str, PendingTrajectory]
@@ -107,7 +109,7 @@ class ActionApplier:
             if any(a.trajectory not in known for a in places):
                 # The plan places samples of the groups it admits (AReaL-like does):
                 # they are in the ledger now, with their prompts.
-                view = await self.trainer.ledger()
+                view = await self._ledger.read()
         errors += await self._place(places, view, pending, attempts)
         for action in actions:
             if isinstance(action, Advance) and action.worker not in self._advancing:

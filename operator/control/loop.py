@@ -1,7 +1,8 @@
 """The control loop: the I/O shell around the pure scheduler (docs/architecture.md,
 "Boundaries").
 
-Every period it reads the trainer's ledger and observes every worker (`GET /v1/state`,
+Every period it reads the trainer's ledger (what changed since the last period,
+`ledger_copy.py`) and observes every worker (`GET /v1/state`,
 or a host's `GET /v1/states`, all concurrently, with a timeout), reconciles the two,
 builds the scheduler's snapshot, calls the policy, and applies its actions through the
 endpoints: evict, place (fresh, with the group's prompt; departed, naming the worker it
@@ -39,6 +40,7 @@ from cadence.common.clock import loop_time
 from cadence.common.errors import describe
 from cadence.operator.control.apply import ActionApplier
 from cadence.operator.control.config import CycleReport, LoopConfig
+from cadence.operator.control.ledger_copy import LedgerCopy
 from cadence.scheduler.actions import Action, Evict, EvictReason
 from cadence.scheduler.cost import StepCost, floor_warning
 from cadence.scheduler.policy import Policy
@@ -116,6 +118,7 @@ class ControlLoop(ActionApplier):
         if self.state is None:
             self.state = self.policy.initial_state()
         self.workers = dict(self.workers)
+        self._ledger = LedgerCopy(self.trainer)
         self._hosts: dict[str, HostClient] = {}
         self._host_of: dict[str, str] = {}
         for url, ws in self.hosts.items():
@@ -216,13 +219,13 @@ class ControlLoop(ActionApplier):
         # reads shows in flight in one and held nowhere in the other; re-queueing it is
         # refused (409) because it was delivered, so the race loses nothing.
         (view, ledger_ms), (live, observe_ms) = await asyncio.gather(
-            _timed(self.trainer.ledger()), _timed(self._observe())
+            _timed(self._ledger.read()), _timed(self._observe())
         )
         if self.on_observe is not None:
             self.on_observe(live)
         requeued = await self._reconcile(view, live)
         if requeued:
-            view = await self.trainer.ledger()
+            view = await self._ledger.read()
         now = self.clock()
         planned = {w: st for w, st in live.items() if w not in self._advancing}
         snapshot = self._snapshot(view, planned, now)

@@ -92,3 +92,43 @@ def test_oldest_complete_batching_trains_the_groups_that_finished_first(tmp_path
     assert {s.group for s, _ in ledger.deliveries(1)} == {0, 5}
     ledger.consume(1, published=2)
     assert ledger.counts()["consumed"] == 8 and ledger.accepted_twice() == 0
+
+
+def test_changed_since_lists_exactly_what_changed_after_a_rev_and_revs_survive_a_restart(
+    tmp_path: Path,
+) -> None:
+    ledger = _ledger(tmp_path, groups=3)
+    admitted = ledger.rev
+    assert [r[0] for r in ledger.changed_since(0)] == [s.id for s in ledger.samples()]
+    assert ledger.changed_since(admitted) == []
+    ledger.record("g0-s0", 0, "placed", worker="a", version=0)
+    placed = ledger.rev
+    ledger.requeue("g1-s1")
+    ledger.deliver(delivery("g0-s0", attempt=0), reward=1.0)
+    assert placed > admitted and ledger.rev > placed
+    assert ledger.changed_since(admitted) == [
+        ("g0-s0", 0, 0, "delivered", None, 0),
+        ("g1-s1", 1, 1, "fresh", None, None),
+    ]
+    assert not ledger.record("g1-s1", 0, "placed", worker="b")  # not taken: nothing changes
+    assert [r[0] for r in ledger.changed_since(placed)] == ["g0-s0", "g1-s1"]
+    epoch, rev = ledger.epoch, ledger.rev
+    ledger.close()
+    again = Ledger(tmp_path / "ledger.db", group_size=2, batch_groups=1)
+    assert (again.epoch, again.rev) == (epoch, rev)
+    again.record("g2-s0", 0, "parked", worker="c")
+    assert again.changed_since(rev) == [("g2-s0", 2, 0, "parked", "c", None)]
+    assert Ledger(tmp_path / "other.db", group_size=2, batch_groups=1).epoch != epoch
+
+
+def test_a_ledger_written_before_revs_existed_opens_and_counts_changes_from_then(
+    tmp_path: Path,
+) -> None:
+    ledger = _ledger(tmp_path)
+    ledger.db.execute("DROP INDEX samples_by_rev")
+    ledger.db.execute("ALTER TABLE samples DROP COLUMN rev")
+    ledger.close()
+    reopened = Ledger(tmp_path / "ledger.db", group_size=2, batch_groups=1)
+    assert reopened.rev == 0 and reopened.changed_since(0) == []
+    reopened.requeue("g0-s1")
+    assert [r[0] for r in reopened.changed_since(0)] == ["g0-s1"]
