@@ -365,8 +365,28 @@ class Delivery(_Body):
 BULK_ITEMS = 4096
 
 
+class WorkerProgress(_Body):
+    """A hosted worker's state as a change to the last whole state its host sent this
+    reader (`GET /v1/states?since=`, `worker/state_progress.py`): every resident of that
+    state, in its order, decoded `decoded[i]` more tokens (its context, generated and
+    decoded-since-placement each grew by that much), the KV in use is now
+    `kv_used_tokens` and the pace `pace`; nothing else changed."""
+
+    kv_used_tokens: int
+    decoded: list[Annotated[int, Field(ge=0)]]
+    pace: Pace | None = None
+
+
 class HostStates(_Body):
+    """GET /v1/states: every hosted worker's state, whole (`states`) or, with `since`
+    (the `token` of this host's last answer), as `progress` where that is all that
+    changed since the whole state last sent. An answer to an older or unknown `since`
+    is whole. Each answer has a new token; the host keeps one, so a second reader costs
+    the first one whole answers, never a wrong one."""
+
     states: dict[str, WorkerState]
+    progress: dict[str, WorkerProgress] = {}
+    token: str = ""
 
 
 class HostPlace(_Body):

@@ -39,6 +39,7 @@ from cadence.worker.api import (
 )
 from cadence.worker.held import Refused
 from cadence.worker.outbox import Rejected
+from cadence.worker.state_progress import Observed
 
 T = TypeVar("T")
 
@@ -98,9 +99,25 @@ class HostClient(ServiceClient):
     error = WorkerError
     default_timeout_s = 5.0
 
-    async def states(self) -> dict[str, WorkerState]:
-        answer: HostStates = await self._call("GET", "/v1/states", model=HostStates)
-        return answer.states
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._token: str | None = None  # of the host's last answer
+        self._whole: dict[str, WorkerState] = {}  # each worker's last whole state
+
+    async def states(self) -> dict[str, Observed]:
+        """Every hosted worker's state, whole or as progress on the whole state this
+        client received last (`worker/state_progress.py`)."""
+        path = "/v1/states" if self._token is None else f"/v1/states?since={self._token}"
+        self._token = None  # until this answer arrives: a lost one makes the next whole
+        answer: HostStates = await self._call("GET", path, model=HostStates)
+        missing = set(answer.progress) - set(self._whole)
+        if missing:
+            raise WorkerError(
+                502, "bad_progress", f"progress for {sorted(missing)[0]} with no state to apply"
+            )
+        whole = {w: self._whole[w] for w in answer.progress} | answer.states
+        self._whole, self._token = whole, answer.token
+        return {w: Observed(st, answer.progress.get(w)) for w, st in whole.items()}
 
     async def place(
         self, items: list[tuple[str, PlaceRequest]], timeout_s: float | None = None

@@ -112,6 +112,8 @@ class WorkerCore(HandOff):
     _waiting: set[asyncio.Task[None]] = field(default_factory=set)  # environment calls
     # (time, tokens decoded so far) after each step, over the last THROUGHPUT_WINDOW_S.
     _progress: collections.deque[tuple[float, int]] = field(default_factory=collections.deque)
+    # Each resident's last reported state and the fields it was built from (`state`).
+    _reported: dict[str, tuple[tuple[object, ...], ResidentInfo]] = field(default_factory=dict)
 
     # --- observation -----------------------------------------------------------------
 
@@ -119,21 +121,30 @@ class WorkerCore(HandOff):
         used = self.engine.used_tokens()
         capacity = self.engine.capacity_tokens
         residents = []
+        reported = self._reported
         for h in self.resident.values():
             request = self.engine.requests.get(h.id)
             new = len(request.output.token_ids) if request else 0
             generated = h.generated + new
-            residents.append(
-                ResidentInfo(
+            context, state = len(h.context_ids) + new, _resident_state(request)
+            fields = (h.attempt, h.version, context, generated, h.generated_at_placement, state)
+            # A host states hundreds of workers a period, most residents unchanged since.
+            info = reported.get(h.id)
+            if info is None or info[0] != fields:
+                resident = ResidentInfo(
                     id=h.id,
                     attempt=h.attempt,
                     version=h.version,
-                    context=len(h.context_ids) + new,
+                    context=context,
                     generated=generated,
                     decoded_since_placement=generated - h.generated_at_placement,
-                    state=_resident_state(request),
+                    state=state,
                 )
-            )
+                info = reported[h.id] = (fields, resident)
+            residents.append(info[1])
+        if len(reported) > len(residents):
+            for rid in reported.keys() - self.resident.keys():
+                del reported[rid]
         now = self.clock.now()
         # A lease is reported only while it runs: the loop plans nothing for a claimed
         # trajectory, and a destination that gave up its claim never releases it.

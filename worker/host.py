@@ -5,7 +5,8 @@ processes instead of 32 interpreters. Each worker keeps its own core, engine, ou
 API (its URL is `http://host:port/<id>`, which the control loop and peers use as any
 worker's base URL); the host runs every worker's decode loop for its lifetime. The
 control loop talks to a host in bulk: every worker's state in one call
-(`GET /v1/states`), a cycle's evictions and placements in one call each
+(`GET /v1/states`, as progress on the last whole state where that is all that changed),
+a cycle's evictions and placements in one call each
 (`POST /v1/evict`, `POST /v1/place`), because on a busy host each request waits for the
 decode steps, and 64 single placements cost a cycle hundreds of milliseconds. Killing
 the host process loses all of its workers at once, as losing a node would.
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
@@ -30,10 +32,12 @@ from cadence.worker.api import (
     Outcome,
     Outcomes,
     PlaceRequest,
+    WorkerState,
 )
 from cadence.worker.app import create_app, decode_forever
 from cadence.worker.core import WorkerCore
 from cadence.worker.held import Refused
+from cadence.worker.state_progress import progress_of
 
 log = logging.getLogger("cadence.host")
 T = TypeVar("T")
@@ -57,12 +61,15 @@ def create_host_app(cores: dict[str, WorkerCore], token: str) -> FastAPI:
             return web.problem(503, "stalled", "; ".join(stalled))
         return JSONResponse({"status": "ok", "workers": sorted(cores)})
 
+    sent = _Sent()
+
     @host.get("/v1/states", dependencies=guarded, response_model=HostStates)
-    async def states() -> Response:
-        """Every hosted worker's `/v1/state` in one answer. Serialized here, once: the
-        control loop reads it every period, and FastAPI would validate every worker's
-        state again before serializing it."""
-        answer = HostStates(states={wid: core.state() for wid, core in cores.items()})
+    async def states(since: str | None = None) -> Response:
+        """Every hosted worker's `/v1/state` in one answer, as progress where it can
+        (`worker/state_progress.py`). Serialized here, once: the control loop reads it every
+        period, and FastAPI would validate every worker's state again."""
+        now = {wid: core.state() for wid, core in cores.items()}
+        answer = sent.answer(now, since)
         return Response(answer.model_dump_json(), media_type="application/json")
 
     @host.post("/v1/evict", dependencies=guarded)
@@ -88,6 +95,33 @@ def create_host_app(cores: dict[str, WorkerCore], token: str) -> FastAPI:
     for wid, core in cores.items():
         host.mount(f"/{wid}", create_app(core, token, run_decode_loop=False))
     return host
+
+
+class _Sent:
+    """What this host last sent whole of each worker, and the token of its last answer:
+    a reader that names that token gets progress on those states."""
+
+    def __init__(self) -> None:
+        self.session = secrets.token_hex(6)
+        self.seq = 0
+        self.whole: dict[str, WorkerState] = {}
+
+    def answer(self, now: dict[str, WorkerState], since: str | None) -> HostStates:
+        current = since is not None and since == f"{self.session}.{self.seq}"
+        if not current:
+            self.whole = {}
+        whole, progress = {}, {}
+        for wid, st in now.items():
+            base = self.whole.get(wid)
+            step = progress_of(base, st) if base is not None else None
+            if step is None:
+                whole[wid] = self.whole[wid] = st
+            else:
+                progress[wid] = step
+        for wid in set(self.whole) - set(now):
+            del self.whole[wid]
+        self.seq += 1
+        return HostStates(states=whole, progress=progress, token=f"{self.session}.{self.seq}")
 
 
 async def _outcome(

@@ -28,7 +28,7 @@ import asyncio
 import logging
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
@@ -58,9 +58,11 @@ from cadence.trainer.client import TrainerClient, TrainerError
 from cadence.worker.api import (
     Fence,
     MoveCounts,
+    ResidentInfo,
     WorkerState,
 )
 from cadence.worker.client import HostClient, WorkerClient
+from cadence.worker.state_progress import Observed
 
 log = logging.getLogger("cadence.loop")
 
@@ -113,6 +115,10 @@ class ControlLoop(ActionApplier):
     floor_warnings: dict[str, str] = field(default_factory=dict)
     _closing: set[asyncio.Future[None]] = field(default_factory=set)  # clients of gone workers
     _left: set[str] = field(default_factory=set)  # workers removed: what they held is re-queued
+    # This cycle's observations, and what each resident decoded since its worker's whole
+    # state (worker -> resident -> tokens; the hosts send progress, `worker/state_progress.py`).
+    _observed: dict[str, Observed] = field(default_factory=dict)
+    _grown: dict[str, dict[str, int]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.state is None:
@@ -222,7 +228,7 @@ class ControlLoop(ActionApplier):
             _timed(self._ledger.read()), _timed(self._observe())
         )
         if self.on_observe is not None:
-            self.on_observe(live)
+            self.on_observe(_Current(self._observed))
         requeued = await self._reconcile(view, live)
         if requeued:
             view = await self._ledger.read()
@@ -276,21 +282,29 @@ class ControlLoop(ActionApplier):
             *(self._hosts[url].states() for url in wanted),
             return_exceptions=True,
         )
-        answers: dict[str, object] = dict(zip(alone, results, strict=False))
+        answers: dict[str, object] = {
+            w: Observed(r) if isinstance(r, WorkerState) else r
+            for w, r in zip(alone, results, strict=False)
+        }
         for url, result in zip(wanted, results[len(alone) :], strict=True):
             for w in self.hosts[url]:
                 answers[w] = result.get(w) if isinstance(result, dict) else result
         live = {}
+        self._observed, self._grown = {}, {}
         now = self.clock()
         for wid in ids:
             result = answers.get(wid)
-            if isinstance(result, WorkerState) and result.stalled is not None:
-                log.warning("worker %s is lost: %s", wid, result.stalled)
+            if isinstance(result, Observed) and result.whole.stalled is not None:
+                log.warning("worker %s is lost: %s", wid, result.whole.stalled)
                 self._lose(wid, now)
                 continue
-            if isinstance(result, WorkerState):
-                live[wid] = result
-                self._moves[wid] = result.moves
+            if isinstance(result, Observed):
+                st = live[wid] = result.whole
+                self._observed[wid] = result
+                if result.progress is not None:
+                    rs, decoded = st.residents, result.progress.decoded
+                    self._grown[wid] = {r.id: d for r, d in zip(rs, decoded, strict=True) if d}
+                self._moves[wid] = st.moves
                 self._silent_since.pop(wid, None)
                 continue
             since = self._silent_since.setdefault(wid, now)
@@ -433,9 +447,7 @@ class ControlLoop(ActionApplier):
                     affinity=st.affinity,
                     version=st.version,
                     capacity=st.kv_capacity_tokens,
-                    residents=tuple(
-                        Resident(r.id, r.context, r.decoded_since_placement) for r in st.residents
-                    ),
+                    residents=_residents(st.residents, self._grown.get(wid)),
                     draining=st.draining,
                     max_seqs=st.max_seqs,
                     cost=StepCost(**st.step_cost.model_dump()) if st.step_cost else None,
@@ -496,6 +508,36 @@ class ControlLoop(ActionApplier):
             if said is not None:
                 self.floor_warnings[w.id] = said
                 log.warning("%s", said)
+
+
+def _residents(
+    residents: Sequence[ResidentInfo], grown: Mapping[str, int] | None
+) -> tuple[Resident, ...]:
+    """The residents as planned: as last received whole, plus what each decoded since
+    (`grown`, from the host's progress)."""
+    if not grown:
+        return tuple(Resident(r.id, r.context, r.decoded_since_placement) for r in residents)
+    return tuple(
+        Resident(r.id, r.context + (d := grown.get(r.id, 0)), r.decoded_since_placement + d)
+        for r in residents
+    )
+
+
+class _Current(Mapping[str, WorkerState]):
+    """The observed workers' current states, each built when it is read: a reader that
+    only counts them (or reads a few) builds none of the rest."""
+
+    def __init__(self, observed: Mapping[str, Observed]) -> None:
+        self._observed = observed
+
+    def __getitem__(self, wid: str) -> WorkerState:
+        return self._observed[wid].current()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._observed)
+
+    def __len__(self) -> int:
+        return len(self._observed)
 
 
 async def _timed(call: Awaitable[R]) -> tuple[R, float]:

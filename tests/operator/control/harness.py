@@ -26,6 +26,7 @@ from cadence.worker.client import Peers, TrainerSender
 from cadence.worker.core import WorkerCore
 from cadence.worker.emulated import EmulatedEngine
 from cadence.worker.held import Identity
+from cadence.worker.host import create_host_app
 from cadence.worker.outbox import Outbox
 
 from ...worker.factories import CountingSource, FakeClock, deployment
@@ -69,6 +70,7 @@ class LocalPool:
     clock: FakeClock = field(default_factory=FakeClock)
     router: Router = field(default_factory=Router)
     cores: dict[str, WorkerCore] = field(default_factory=dict)
+    hosts: dict[str, list[str]] = field(default_factory=dict)  # host name -> its workers
 
     def __post_init__(self) -> None:
         self.router.add("trainer", trainer_app(self.trainer, TOKEN, train=False))
@@ -88,13 +90,27 @@ class LocalPool:
         self.router.add(wid, worker_app(core, TOKEN, run_decode_loop=False))
         return core
 
-    def loop(self, knobs: Knobs, *, lost_after_s: float = 10.0) -> ControlLoop:
+    def host(self, name: str, wids: list[str]) -> None:
+        """Serve workers already added from one host process too (`worker/host.py`), at
+        `http://<name>/<worker>`."""
+        self.router.add(name, create_host_app({w: self.cores[w] for w in wids}, TOKEN))
+        self.hosts[name] = wids
+
+    def loop(
+        self, knobs: Knobs, *, lost_after_s: float = 10.0, hosted: bool = False
+    ) -> ControlLoop:
+        """A loop over every worker; with `hosted`, the hosted ones through their host."""
+        workers = {wid: f"http://{wid}" for wid in self.cores}
+        hosts = {f"http://{h}": ws for h, ws in self.hosts.items()} if hosted else {}
+        if hosted:
+            workers |= {w: f"http://{h}/{w}" for h, ws in self.hosts.items() for w in ws}
         return ControlLoop(
             policy=CadencePolicy(),
             config=LoopConfig(knobs=knobs, period_s=0.0, lost_after_s=lost_after_s),
             trainer=TrainerClient(TRAINER, TOKEN, transport=self.router),
-            workers={wid: f"http://{wid}" for wid in self.cores},
+            workers=workers,
             token=TOKEN,
+            hosts=hosts,
             clock=self.clock.now,
             transport=self.router,
         )

@@ -8,10 +8,12 @@ import asyncio
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from cadence.scheduler.actions import Place
-from cadence.scheduler.snapshot import Knobs
+from cadence.scheduler.snapshot import Knobs, Resident
+from cadence.worker.api import HostStates, WorkerState
 
 from .harness import LocalPool, trainer
 
@@ -43,6 +45,50 @@ def test_a_batch_is_placed_decoded_and_delivered_once_through_the_endpoints(
     assert ledger.counts() == {"delivered": 8, "failed": 0}
     assert ledger.accepted_twice() == 0
     assert sum(core.counts["finished"] for core in pool.cores.values()) == 8
+
+
+def test_hosted_workers_observed_as_progress_are_planned_as_they_are(pool: LocalPool) -> None:
+    """Through a host, most observations are progress on the states it sent whole; the
+    loop sees and plans each worker exactly as it is, and the batch completes once."""
+    for w in ("w0", "w1", "w2"):
+        pool.add_worker(w)
+    pool.host("host0", ["w0", "w1", "w2"])
+    answers: list[HostStates] = []
+    route = pool.router.handle_async_request
+
+    async def recorded(request: httpx.Request) -> httpx.Response:
+        response = await route(request)
+        if request.url.path == "/v1/states":
+            answers.append(HostStates.model_validate_json(await response.aread()))
+        return response
+
+    pool.router.handle_async_request = recorded  # type: ignore[method-assign]
+    seen: list[tuple[dict[str, WorkerState], dict[str, WorkerState]]] = []
+
+    async def go() -> None:
+        loop = pool.loop(KNOBS, hosted=True)
+        loop.on_observe = lambda states: seen.append(
+            (dict(states), {w: c.state() for w, c in pool.cores.items()})
+        )
+        for _ in range(120):
+            await loop.cycle()
+            observed, actual = seen[-1]
+            assert observed == actual
+            assert loop.last_plan is not None
+            planned = {w.id: w.residents for w in loop.last_plan[0].workers}
+            assert planned == {
+                w: tuple(Resident(r.id, r.context, r.decoded_since_placement) for r in st.residents)
+                for w, st in actual.items()
+            }
+            await pool.decode(steps=1)  # one step a period: most workers only decode
+            if pool.trainer.ledger.counts().get("delivered", 0) == 8:
+                break
+        await loop.aclose()
+
+    asyncio.run(go())
+    assert pool.trainer.ledger.counts() == {"delivered": 8, "failed": 0}
+    assert pool.trainer.ledger.accepted_twice() == 0
+    assert sum(any(p.decoded) for a in answers for p in a.progress.values()) > 5
 
 
 def test_a_sample_no_worker_holds_is_requeued_under_a_new_attempt(pool: LocalPool) -> None:
