@@ -28,8 +28,13 @@ did. `residents_mean` and `actions_per_cycle` say how much the loop had to plan.
 The first `warmup_s` seconds (the pool filling) are run but not measured; then
 `seconds` are. Figures, over the measured cycles:
 
-- `cycle_ms_*`, `ledger_ms_p95`, `observe_ms_p95`, `plan_ms_p95`, `apply_ms_p95`: the
-  loop's own `CycleReport` (the ledger is read while the workers are observed).
+- `cycle_ms_*`, `ledger_ms_p95`, `observe_ms_p95`, `reconcile_ms_p95`, `plan_ms_p95`,
+  `apply_ms_p95`: the loop's own `CycleReport` (the ledger is read while the workers are
+  observed; reconciling includes building the snapshot).
+- `cpu_ms_p50`, `cpu_ms_p95`: the CPU time the loop's thread spent in a cycle, its own
+  work without the waiting. The hosts, the trainer and the loop share this machine's
+  cores, so a cycle's wall time includes waiting for hosts that are busy emulating; on
+  a cluster the workers run elsewhere and the loop pays its CPU time.
 - `cycles_skipped`: cycles that started more than one period after they were due, so a
   whole period passed with no cycle started. A cycle is due one period after the start
   of the one before (`ControlLoop.run` sleeps out the rest of the period, or not at all
@@ -511,6 +516,9 @@ async def _measure(
         "observe_ms_p95": p([r.observe_ms for r in measured], 0.95),
         "plan_ms_p95": p([r.plan_ms for r in measured], 0.95),
         "apply_ms_p95": p([r.apply_ms for r in measured], 0.95),
+        "reconcile_ms_p95": p([r.reconcile_ms for r in measured], 0.95),
+        "cpu_ms_p50": p([r.cpu_ms for r in measured], 0.5),
+        "cpu_ms_p95": p([r.cpu_ms for r in measured], 0.95),
         "cycles_skipped": sum(x > period_s * 1000 for x in late),
         "late_ms_max": round(max(late, default=0.0), 1),
         "observed_min": min(observed[window["observed"] :], default=0),

@@ -38,6 +38,12 @@ class CycleReport:
     observe_ms: float  # every worker's state, in parallel
     plan_ms: float
     apply_ms: float  # every action's call, in phases
+    # Reconciling the ledger with the workers and building the snapshot, between the
+    # observation and the plan.
+    reconcile_ms: float
+    # CPU time of the loop's thread over the cycle: its own work, without the waiting
+    # (on a machine that also runs the workers, most of a cycle's wall time is theirs).
+    cpu_ms: float
     actions: Counter[str]
     errors: int
     requeued: int

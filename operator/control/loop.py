@@ -220,7 +220,7 @@ class ControlLoop(ActionApplier):
     # --- one cycle ---------------------------------------------------------------------
 
     async def cycle(self) -> CycleReport:
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), time.thread_time()
         # The ledger and the workers are read at once. A sample delivered between the two
         # reads shows in flight in one and held nowhere in the other; re-queueing it is
         # refused (409) because it was delivered, so the race loses nothing.
@@ -229,6 +229,7 @@ class ControlLoop(ActionApplier):
         )
         if self.on_observe is not None:
             self.on_observe(_Current(self._observed))
+        observed = time.perf_counter()
         requeued = await self._reconcile(view, live)
         if requeued:
             view = await self._ledger.read()
@@ -252,6 +253,8 @@ class ControlLoop(ActionApplier):
             observe_ms=observe_ms,
             plan_ms=plan_ms,
             apply_ms=(time.perf_counter() - t2) * 1000,
+            reconcile_ms=(t1 - observed) * 1000,
+            cpu_ms=(time.thread_time() - cpu0) * 1000,
             actions=counts,
             errors=errors,
             requeued=requeued,

@@ -23,6 +23,8 @@ FIELDS = (
     "observe_ms_p95",
     "plan_ms_p95",
     "apply_ms_p95",
+    "reconcile_ms_p95",
+    "cpu_ms_p95",
     "cycles_skipped",
     "bytes_observed_per_cycle",
     "bytes_actions_per_cycle",
@@ -45,6 +47,7 @@ def test_loop_bench_observes_every_worker_every_cycle(capsys: pytest.CaptureFixt
     assert out["workers_lost"] == 0 and out["action_errors"] == 0
     assert out["bytes_observed_per_cycle"] > 0 and out["residents_mean"] > 0
     assert out["rss_start_mb"] > 0 and out["rss_end_mb"] > 0
+    assert 0 < out["cpu_ms_p50"] <= out["cpu_ms_p95"]
 
 
 @pytest.mark.parametrize(
