@@ -119,6 +119,14 @@ class ControlLoop(ActionApplier):
     # state (worker -> resident -> tokens; the hosts send progress, `worker/state_progress.py`).
     _observed: dict[str, Observed] = field(default_factory=dict)
     _grown: dict[str, dict[str, int]] = field(default_factory=dict)
+    # Built from a worker's whole state, kept while the state is the same object (a host
+    # sent progress on it): what it holds, for reconciling, and its view, for planning.
+    _held: dict[str, tuple[WorkerState, dict[str, tuple[str, str, int]]]] = field(
+        default_factory=dict
+    )
+    _views: dict[str, tuple[WorkerState, dict[str, int] | None, WorkerView]] = field(
+        default_factory=dict
+    )
 
     def __post_init__(self) -> None:
         if self.state is None:
@@ -361,17 +369,13 @@ class ControlLoop(ActionApplier):
     async def _reconcile(self, view: LedgerView, live: dict[str, WorkerState]) -> int:
         await self._fence(view, live)
         held: dict[str, tuple[str, str, int]] = {}  # id -> (worker, state, attempt)
+        kept, self._held = self._held, {}
         for wid, st in live.items():
-            for r in st.residents:
-                held[r.id] = (wid, "placed", r.attempt)
-            for p in st.parked:
-                held[p.id] = (
-                    wid,
-                    "environment" if p.reason == "environment" else "parked",
-                    p.attempt,
-                )
-            for d in st.delivering:
-                held[d] = (wid, "delivering", -1)
+            entry = kept.get(wid)
+            if entry is None or entry[0] is not st:  # a worker's whole state, once
+                entry = (st, _held_on(wid, st))
+            self._held[wid] = entry
+            held.update(entry[1])
         requeued = 0
         moved = []
         for s in view.in_flight:
@@ -442,21 +446,31 @@ class ControlLoop(ActionApplier):
 
     def _snapshot(self, view: LedgerView, live: dict[str, WorkerState], now: float) -> Snapshot:
         workers, pending = [], []
+        kept, self._views = self._views, {}
         for wid, st in sorted(live.items()):
-            workers.append(
-                WorkerView(
+            grown = self._grown.get(wid)
+            cached = kept.get(wid)
+            if cached is not None and cached[0] is st and cached[1] == grown:
+                worker = cached[2]  # the same whole state, decoded no further
+            else:
+                if cached is not None and cached[0] is st:
+                    cost = cached[2].cost
+                else:
+                    cost = StepCost(**st.step_cost.model_dump()) if st.step_cost else None
+                worker = WorkerView(
                     id=wid,
                     accelerator=st.accelerator,
                     affinity=st.affinity,
                     version=st.version,
                     capacity=st.kv_capacity_tokens,
-                    residents=_residents(st.residents, self._grown.get(wid)),
+                    residents=_residents(st.residents, grown),
                     draining=st.draining,
                     max_seqs=st.max_seqs,
-                    cost=StepCost(**st.step_cost.model_dump()) if st.step_cost else None,
+                    cost=cost,
                     transfer_group=st.transfer_group,
                 )
-            )
+            self._views[wid] = (st, grown, worker)
+            workers.append(worker)
             for p in st.parked:
                 pending.append(
                     PendingTrajectory(
@@ -511,6 +525,17 @@ class ControlLoop(ActionApplier):
             if said is not None:
                 self.floor_warnings[w.id] = said
                 log.warning("%s", said)
+
+
+def _held_on(wid: str, st: WorkerState) -> dict[str, tuple[str, str, int]]:
+    """What `st` says `wid` holds: each id's (worker, state, attempt), as the ledger
+    records it (a delivering one's attempt is not read)."""
+    held = {r.id: (wid, "placed", r.attempt) for r in st.residents}
+    for p in st.parked:
+        held[p.id] = (wid, "environment" if p.reason == "environment" else "parked", p.attempt)
+    for d in st.delivering:
+        held[d] = (wid, "delivering", -1)
+    return held
 
 
 def _residents(
