@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import random
 import statistics
-from bisect import bisect_left, insort
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -36,8 +35,9 @@ from cadence.scheduler import (
     WorkerView,
     check_no_stranding,
 )
+from cadence.scheduler.fresh_index import FreshIndex
 from cadence.scheduler.moves import move_kind
-from cadence.scheduler.snapshot import FRESH_ORDER, Transfer
+from cadence.scheduler.snapshot import Transfer
 from cadence.sim.engine import ModelledEngine, Request
 from cadence.sim.records import (
     PeriodSample,
@@ -90,11 +90,7 @@ class Simulation:
         self._groups = scenario.groups_of_samples(random.Random(scenario.seed))
         self.trajectories: dict[str, Trajectory] = {}
         # What the snapshot shows, kept as it changes rather than rebuilt each period.
-        self._fresh: dict[str, FreshSample] = {}
-        # The same fresh samples by batch, shortest first, kept sorted as samples come and
-        # go, and each batch's tuple as the last snapshot showed it (None: it changed).
-        self._fresh_sorted: dict[int, list[FreshSample]] = {}
-        self._fresh_shown: dict[int, tuple[FreshSample, ...] | None] = {}
+        self._fresh = FreshIndex(w.prompts_per_batch)
         self._pending: dict[str, PendingTrajectory] = {}
         self._in_env: dict[str, Trajectory] = {}
         # The last view of each worker, with the engine's change count and the version
@@ -149,8 +145,8 @@ class Simulation:
             now=self.now,
             workers=tuple(views),
             pending=tuple(self._pending.values()),
-            fresh=tuple(self._fresh.values()),
-            fresh_index=self._fresh_index(),
+            fresh=tuple(self._fresh.samples.values()),
+            fresh_index=self._fresh.by_batch(),
             newest_version=self.newest,
             admission=Admission(
                 self.admitted, self.scenario.workload.prompts_per_batch, self.total_groups
@@ -159,32 +155,6 @@ class Simulation:
             seed=self.scenario.seed,
             transfer=self.transfer,
         )
-
-    def _fresh_index(self) -> dict[int, tuple[FreshSample, ...]]:
-        """Snapshot.fresh_by_batch from the sorted batches: unchanged batches reuse the
-        tuple the last snapshot showed."""
-        shown = self._fresh_shown
-        for batch, samples in self._fresh_sorted.items():
-            if shown[batch] is None:
-                shown[batch] = tuple(samples)
-        first = {b: FRESH_ORDER(ss[0]) for b, ss in self._fresh_sorted.items()}
-        return {b: shown[b] for b in sorted(first, key=first.__getitem__)}  # type: ignore[misc]
-
-    def _add_fresh(self, sample: FreshSample) -> None:
-        self._fresh[sample.id] = sample
-        batch = sample.group // self.scenario.workload.prompts_per_batch
-        insort(self._fresh_sorted.setdefault(batch, []), sample, key=FRESH_ORDER)
-        self._fresh_shown[batch] = None
-
-    def _take_fresh(self, sid: str) -> None:
-        sample = self._fresh.pop(sid)
-        batch = sample.group // self.scenario.workload.prompts_per_batch
-        samples = self._fresh_sorted[batch]
-        del samples[bisect_left(samples, FRESH_ORDER(sample), key=FRESH_ORDER)]
-        if samples:
-            self._fresh_shown[batch] = None
-        else:
-            del self._fresh_sorted[batch], self._fresh_shown[batch]
 
     # --- actions -----------------------------------------------------------------------
 
@@ -204,7 +174,7 @@ class Simulation:
             for sample in next(self._groups):
                 t = Trajectory(sample, context=sample.prompt_tokens)
                 self.trajectories[sample.id] = t
-                self._add_fresh(FreshSample(sample.id, sample.group, sample.prompt_tokens))
+                self._fresh.add(FreshSample(sample.id, sample.group, sample.prompt_tokens))
             self.admitted += 1
 
     def _advance(self, a: Advance) -> None:
@@ -237,7 +207,7 @@ class Simulation:
             raise AssertionError(f"{a.trajectory} placed on {w.id} of another version")
         request = Request(t.sample.id, t.context, t.next_stop())
         if t.state == "fresh":
-            self._take_fresh(t.sample.id)
+            self._fresh.take(t.sample.id)
             t.version = t.start_version = w.version
             request.load_s = w.deployment.prefill_s(t.context)
         elif t.state == "pending":
@@ -431,7 +401,7 @@ class Simulation:
         versions: dict[int | None, int] = {}
         for w in self.workers.values():
             versions[w.version] = versions.get(w.version, 0) + 1
-        fresh_batches = sorted({f.group // b for f in self._fresh.values()})
+        fresh_batches = sorted({f.group // b for f in self._fresh.samples.values()})
         pending_versions = sorted({p.version for p in self._pending.values()})
         residents = sum(w.engine.assigned()[0] for w in self.workers.values())
         served = ", ".join(

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from cadence.scheduler.fresh_index import FreshIndex
+from cadence.scheduler.snapshot import FreshSample
 from cadence.trainer.api import FreshView, InFlight, LedgerView
 from cadence.trainer.client import TrainerClient
 
@@ -22,8 +24,11 @@ from cadence.trainer.client import TrainerClient
 class LedgerCopy:
     trainer: TrainerClient
     _last: LedgerView | None = None
-    _fresh: dict[str, FreshView] = field(default_factory=dict)
-    _in_flight: dict[str, InFlight] = field(default_factory=dict)
+    # The fresh and in-flight samples by id, and the fresh ones as the scheduler's
+    # snapshot takes them (`FreshIndex`), as of the last read.
+    fresh: dict[str, FreshView] = field(default_factory=dict)
+    in_flight: dict[str, InFlight] = field(default_factory=dict)
+    index: FreshIndex = field(default_factory=lambda: FreshIndex(1))
     _prompts: dict[int, list[int]] = field(default_factory=dict)
 
     async def read(self) -> LedgerView:
@@ -34,28 +39,30 @@ class LedgerCopy:
 
     def apply(self, answer: LedgerView) -> LedgerView:
         if not answer.delta:
-            self._fresh = {f.id: f for f in answer.fresh}
-            self._in_flight = {s.id: s for s in answer.in_flight}
+            self.fresh = {f.id: f for f in answer.fresh}
+            self.in_flight = {s.id: s for s in answer.in_flight}
             self._prompts = dict(answer.prompts)
+            self.index = FreshIndex.of(answer.batch_groups, (self._sample(f) for f in answer.fresh))
             self._last = answer
             return answer
-        for f in answer.fresh:
-            self._in_flight.pop(f.id, None)
-            self._fresh[f.id] = f
-        for s in answer.in_flight:
-            self._fresh.pop(s.id, None)
-            self._in_flight[s.id] = s
-        for sid in answer.ended:
-            self._fresh.pop(sid, None)
-            self._in_flight.pop(sid, None)
         # A group's prompt is kept while any of its samples is fresh (placed from it).
         prompts = self._prompts | answer.prompts
-        self._prompts = {g: prompts[g] for g in {f.group for f in self._fresh.values()}}
+        for sid in [f.id for f in answer.fresh] + [s.id for s in answer.in_flight] + answer.ended:
+            self.in_flight.pop(sid, None)
+            if self.fresh.pop(sid, None) is not None:
+                self.index.take(sid)
+        for s in answer.in_flight:
+            self.in_flight[s.id] = s
+        for f in answer.fresh:
+            self.fresh[f.id] = f
+        self._prompts = {g: prompts[g] for g in {f.group for f in self.fresh.values()}}
+        for f in answer.fresh:
+            self.index.add(self._sample(f))
         # Built from validated parts, so not validated again (a whole pool's samples).
         view = answer.model_copy(
             update={
-                "fresh": list(self._fresh.values()),
-                "in_flight": list(self._in_flight.values()),
+                "fresh": list(self.fresh.values()),
+                "in_flight": list(self.in_flight.values()),
                 "prompts": self._prompts,
                 "ended": [],
                 "delta": False,
@@ -63,3 +70,6 @@ class LedgerCopy:
         )
         self._last = view
         return view
+
+    def _sample(self, f: FreshView) -> FreshSample:
+        return FreshSample(f.id, f.group, len(self._prompts[f.group]))

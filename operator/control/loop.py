@@ -46,7 +46,6 @@ from cadence.scheduler.cost import StepCost, floor_warning
 from cadence.scheduler.policy import Policy
 from cadence.scheduler.snapshot import (
     Admission,
-    FreshSample,
     PendingTrajectory,
     Resident,
     Snapshot,
@@ -486,7 +485,7 @@ class ControlLoop(ActionApplier):
         for sid in list(self._pending_since):
             if sid not in parked_ids:
                 del self._pending_since[sid]
-        fresh = [FreshSample(f.id, f.group, len(view.prompts[f.group])) for f in view.fresh]
+        fresh = self._ledger.index  # the view's fresh samples, kept sorted as they change
         self._check_floor(workers)
         links = [
             (st.kv_bytes_per_token, st.kv_link_bytes_per_s)
@@ -499,7 +498,8 @@ class ControlLoop(ActionApplier):
             now=now,
             workers=tuple(workers),
             pending=tuple(pending),
-            fresh=tuple(fresh),
+            fresh=tuple(fresh.samples.values()),
+            fresh_index=fresh.by_batch(),
             newest_version=view.version,
             admission=Admission(view.cursor, view.batch_groups, view.total_groups),
             knobs=self.config.knobs,

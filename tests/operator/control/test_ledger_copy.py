@@ -13,6 +13,8 @@ import httpx
 import pytest
 
 from cadence.operator.control.ledger_copy import LedgerCopy
+from cadence.scheduler.fresh_index import FreshIndex
+from cadence.scheduler.snapshot import FreshSample
 from cadence.trainer.api import LedgerView, SampleState
 from cadence.trainer.app import create_app
 from cadence.trainer.client import TrainerClient, TrainerError
@@ -51,13 +53,17 @@ def _client(trainer: Trainer) -> _Recording:
     return client
 
 
-def _same(copy: LedgerView, whole: LedgerView) -> None:
+def _same(copy: LedgerView, whole: LedgerView, index: FreshIndex | None = None) -> None:
     assert {f.id: f for f in copy.fresh} == {f.id: f for f in whole.fresh}
     assert {s.id: s for s in copy.in_flight} == {s.id: s for s in whole.in_flight}
     assert copy.prompts == whole.prompts
     assert copy.model_dump(exclude={"fresh", "in_flight", "prompts"}) == whole.model_dump(
         exclude={"fresh", "in_flight", "prompts"}
     )
+    if index is not None:  # the fresh samples as the snapshot takes them, kept as they change
+        samples = [FreshSample(f.id, f.group, len(whole.prompts[f.group])) for f in whole.fresh]
+        scratch = FreshIndex.of(whole.batch_groups, samples)
+        assert list(index.by_batch().items()) == list(scratch.by_batch().items())
 
 
 def test_the_copy_equals_a_whole_read_after_every_change(trainer: Trainer) -> None:
@@ -86,7 +92,7 @@ def test_the_copy_equals_a_whole_read_after_every_change(trainer: Trainer) -> No
                 s = rng.choice(going)
                 prompt = trainer.ledger.group(s.group).prompt
                 trainer.ingest(delivery(s.id, attempt=s.attempt, prompt=prompt))
-            _same(await copy.read(), await whole.ledger())
+            _same(await copy.read(), await whole.ledger(), copy.index)
         answers = client.answers
         assert not answers[0].delta and all(a.delta for a in answers[1:])
         changed = sum(len(a.fresh) + len(a.in_flight) + len(a.ended) for a in answers[1:])
