@@ -35,7 +35,7 @@ from cadence.scheduler import plan
 from cadence.scheduler.registry import DEFAULT_POLICIES, POLICIES
 from cadence.scheduler.snapshot import Migration
 from cadence.scheduler.wire import SnapshotModel, StateModel, actions_to_json
-from cadence.sim import compare, plots
+from cadence.sim import compare
 from cadence.sim.report import document, pool_lines, table
 from cadence.sim.scenario import Scenario
 
@@ -282,6 +282,8 @@ def _cmd_sim(args: argparse.Namespace) -> int:
             args.json.write_text(json.dumps(doc, indent=2) + "\n")
         if args.plots is not None:
             args.plots.mkdir(parents=True, exist_ok=True)
+            from cadence.sim import plots  # noqa: PLC0415 (matplotlib: half a second)
+
             print(f"wrote {plots.knob_sweep(path, by_value, args.plots / f'sweep_{path}.png')}")
         return 0
 
@@ -305,6 +307,8 @@ def _cmd_sim(args: argparse.Namespace) -> int:
         doc = document(scenario.name, timing, results, scenario.deployments())
         args.json.write_text(json.dumps(doc, indent=2) + "\n")
     if args.plots is not None:
+        from cadence.sim import plots  # noqa: PLC0415 (matplotlib: half a second)
+
         for path_written in plots.write_all(results, args.plots):
             print(f"wrote {path_written}")
     return 0

@@ -38,11 +38,13 @@ from fastapi.dependencies.models import Dependant
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from cadence.common.problem import Problem
 
 # A body larger than this is refused as it streams, before it is parsed (413).
 MAX_BODY_BYTES = 8 * 1024 * 1024
@@ -55,15 +57,6 @@ CA_FILE_ENV = "CADENCE_CA_FILE"
 _SENTENCE = 200
 _PART = 40
 _DOCS = ("docs_url", "redoc_url", "openapi_url", "swagger_ui_oauth2_redirect_url")
-
-
-class Problem(BaseModel):
-    """Every 4xx/5xx body: one sentence a person can act on."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    error: str
-    reason: str
 
 
 class Refusal(Exception):

@@ -15,7 +15,7 @@ from typing import Annotated, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from cadence.common.web import Problem
+from cadence.common.problem import Problem
 
 API_VERSION = "v1"
 

@@ -24,7 +24,7 @@ from fastapi import FastAPI, Response
 from fastapi.responses import JSONResponse
 
 from cadence.common import web
-from cadence.common.web import Problem
+from cadence.common.problem import Problem
 from cadence.worker.api import (
     HostEvictMany,
     HostPlaceMany,
