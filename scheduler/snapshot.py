@@ -17,14 +17,15 @@ from __future__ import annotations
 from _operator import attrgetter
 from collections.abc import Mapping, Sequence
 from dataclasses import InitVar, dataclass, field
-from functools import partial
+from functools import lru_cache, partial
 from types import MappingProxyType
 from typing import Literal, NamedTuple
 
 from cadence.scheduler.cost import StepCost
 from cadence.scheduler.errors import ConfigError
 
-# A worker's residents as arrays, longest first (ties by id): ids, contexts, decoded.
+# A worker's residents as arrays: ids longest first (ties by id); contexts and decoded
+# tokens in the reverse order, shortest first (the order the view keeps them in).
 Presorted = tuple[Sequence[str], Sequence[int], Sequence[int]]
 
 # How a departed trajectory moves to another worker: auto pulls its KV blocks where the
@@ -58,9 +59,10 @@ class WorkerView:
     `max_seqs` is the engine's sequence limit (vLLM `max_num_seqs`), None if unknown;
     `cost` its decode and prefill cost, None if unknown (then KV alone decides).
 
-    `presorted` is for an observer that already holds its residents longest first (ties
-    by id) as three arrays, ids, contexts and tokens decoded since placement (the
-    simulator's engines keep them so): the view then takes them without sorting, and
+    `presorted` is for an observer that already holds its residents in order (the
+    simulator's engines keep them so): their ids longest first (ties by id), and their
+    contexts and tokens decoded since placement in the reverse order, as tuples. The view
+    then takes them without sorting or copying, and
     builds the `residents` tuple only when something reads it. Most cycles read only the
     arrays below, so a large pool's views cost no object per resident.
     """
@@ -95,11 +97,10 @@ class WorkerView:
         if presorted is not None:
             if self.residents:
                 raise ConfigError(f"worker {self.id}: give residents or presorted, not both")
-            ids, contexts_descending, decoded_descending = presorted
-            if not len(ids) == len(contexts_descending) == len(decoded_descending):
+            ids, contexts, decoded = presorted
+            if not len(ids) == len(contexts) == len(decoded):
                 raise ConfigError(f"worker {self.id}: presorted arrays of unequal lengths")
-            contexts = tuple(reversed(contexts_descending))
-            decoded = tuple(reversed(decoded_descending))
+            contexts, decoded = tuple(contexts), tuple(decoded)  # no copy of a tuple
             object.__setattr__(self, "_ids_descending", tuple(ids))
             object.__delattr__(self, "residents")  # built on first read (__getattr__)
         else:
@@ -293,14 +294,20 @@ _DECODED = attrgetter("decoded_since_placement")
 # A Resident from an (id, context, decoded) tuple, built in C.
 _resident = partial(tuple.__new__, Resident)
 _PENDING_ORDER = attrgetter("context", "id")
+
 FRESH_ORDER = attrgetter("prompt_tokens", "id")
 
 
+@lru_cache(maxsize=1 << 16)  # a pool's ids recur every cycle
 def worker_order(wid: str) -> tuple[str, int]:
     """Sort key of worker ids: the name, then its trailing ordinal as a number (h800-2
     before h800-10, as a pool's groups number their workers)."""
     head, _, tail = wid.rpartition("-")
     return (head, int(tail)) if head and tail.isdigit() else (wid, -1)
+
+
+def _worker_key(view: WorkerView) -> tuple[str, int]:
+    return worker_order(view.id)
 
 
 @dataclass(frozen=True, slots=True)
@@ -339,7 +346,7 @@ class Snapshot:
     def __post_init__(self, fresh_index: Mapping[int, tuple[FreshSample, ...]] | None) -> None:
         if self.newest_version < 0:
             raise ConfigError(f"newest version is {self.newest_version}; it must be >= 0")
-        ordered = tuple(sorted(self.workers, key=lambda w: worker_order(w.id)))
+        ordered = tuple(sorted(self.workers, key=_worker_key))
         object.__setattr__(self, "workers", ordered)
         grouped: dict[int, list[PendingTrajectory]] = {}
         for p in self.pending:

@@ -33,6 +33,7 @@ class WorkingWorker:
     """
 
     __slots__ = (
+        "_added",
         "_below",
         "_floor_each",
         "_h_min",
@@ -67,6 +68,9 @@ class WorkingWorker:
         # builds them on that read); its own list once it changes them.
         self._residents: list[Resident] | tuple[Resident, ...] | None = None
         self._owned = False
+        # Placements made before the list is first read or changed otherwise: a worker
+        # that only receives work this cycle never copies the snapshot's residents.
+        self._added: list[Resident] = []
         self._popped: list[int] = []  # contexts of evictable residents popped this cycle
         self._below: tuple[int, int, Sequence[int]] | None = None
         self.source = False
@@ -108,13 +112,17 @@ class WorkingWorker:
 
     @property
     def residents(self) -> list[Resident] | tuple[Resident, ...]:
+        if self._added:
+            return self._own()
         if self._residents is None:
             self._residents = self.view.residents
         return self._residents
 
     def _own(self) -> list[Resident]:
         if not self._owned:
-            self._residents = list(self.residents)
+            base = self.view.residents if self._residents is None else self._residents
+            self._residents = [*base, *self._added]
+            self._added = []
             self._owned = True
         assert isinstance(self._residents, list)
         return self._residents
@@ -200,7 +208,12 @@ class WorkingWorker:
     def add(self, trajectory: str, context: int) -> None:
         """Place a trajectory here. It goes last: it is inside the anti-thrash window for
         the rest of the cycle, so no rule looks for it by length."""
-        self._own().append(Resident(trajectory, context, 0))
+        resident = Resident(trajectory, context, 0)
+        if self._owned:
+            assert isinstance(self._residents, list)
+            self._residents.append(resident)
+        else:
+            self._added.append(resident)
         self.used += context
         self.count += 1
 

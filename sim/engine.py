@@ -24,6 +24,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import partial
 from itertools import repeat
+from typing import NamedTuple
 
 from cadence.common.physics import Deployment
 from cadence.scheduler import Resident
@@ -66,11 +67,13 @@ class Stop:
     time: float
 
 
-@dataclass(frozen=True, slots=True)
-class _Steps:
+class _Steps(NamedTuple):
     """The time of k decode steps with a fixed batch: each costs `overhead` plus the
     larger of the compute floor and the memory term, which starts at `base` and grows by
-    `grow` a step; the first `limit` steps are compute-bound (None: all of them)."""
+    `grow` a step; the first `limit` steps are compute-bound (None: all of them).
+
+    Functions of a tuple rather than methods: the simulator evaluates a few hundred
+    thousand of them a run, and a tuple is built in C."""
 
     overhead: float
     base: float
@@ -78,29 +81,33 @@ class _Steps:
     compute: float
     limit: int | None
 
-    def time(self, k: int) -> float:
-        bound = k if self.limit is None else min(k, self.limit)
-        memory_steps = k - bound
-        first = self.base + self.grow * bound
-        memory = memory_steps * first + self.grow * memory_steps * (memory_steps - 1) / 2.0
-        return k * self.overhead + bound * self.compute + memory
 
-    def guess(self, seconds: float) -> int:
-        """About the smallest k whose time reaches `seconds` (`time` decides)."""
-        per_bound_step = self.overhead + self.compute
-        k = math.ceil(seconds / per_bound_step) if per_bound_step > 0 else 1
-        if self.limit is None or k <= self.limit:
-            return k
-        # Past the limit: solve grow/2 m^2 + (overhead + first - grow/2) m + c = 0.
-        bound = self.limit
-        first = self.base + self.grow * bound
-        linear = self.overhead + first - self.grow / 2.0
-        constant = bound * per_bound_step - seconds
-        if self.grow <= 0.0:
-            return bound + math.ceil(-constant / linear) if linear > 0 else bound + 1
-        a = self.grow / 2.0
-        m = (-linear + math.sqrt(max(0.0, linear * linear - 4.0 * a * constant))) / (2.0 * a)
-        return bound + math.ceil(m)
+def _steps_time(model: _Steps, k: int) -> float:
+    overhead, base, grow, compute, limit = model
+    bound = k if limit is None or k < limit else limit
+    memory_steps = k - bound
+    first = base + grow * bound
+    memory = memory_steps * first + grow * memory_steps * (memory_steps - 1) / 2.0
+    return k * overhead + bound * compute + memory
+
+
+def _steps_guess(model: _Steps, seconds: float) -> int:
+    """About the smallest k whose time reaches `seconds` (`_steps_time` decides)."""
+    overhead, base, grow, compute, limit = model
+    per_bound_step = overhead + compute
+    k = math.ceil(seconds / per_bound_step) if per_bound_step > 0 else 1
+    if limit is None or k <= limit:
+        return k
+    # Past the limit: solve grow/2 m^2 + (overhead + first - grow/2) m + c = 0.
+    bound = limit
+    first = base + grow * bound
+    linear = overhead + first - grow / 2.0
+    constant = bound * per_bound_step - seconds
+    if grow <= 0.0:
+        return bound + math.ceil(-constant / linear) if linear > 0 else bound + 1
+    a = grow / 2.0
+    m = (-linear + math.sqrt(max(0.0, linear * linear - 4.0 * a * constant))) / (2.0 * a)
+    return bound + math.ceil(m)
 
 
 @dataclass
@@ -138,6 +145,7 @@ class ModelledEngine:
     _weight_bytes: float = field(init=False, repr=False)
     _two_params: float = field(init=False, repr=False)
     _flops: float = field(init=False, repr=False)
+    _overhead: float = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         d = self.deployment
@@ -147,6 +155,7 @@ class ModelledEngine:
         self._weight_bytes = d.model.weight_bytes
         self._two_params = 2.0 * d.model.active_params
         self._flops = d.tp * d.accelerator.flops.value * eff.decode_mfu
+        self._overhead = eff.step_overhead_s
 
     # --- what the control plane observes -------------------------------------------
 
@@ -183,12 +192,17 @@ class ModelledEngine:
         return out
 
     def presorted(self) -> Presorted | None:
-        """`resident_views` as WorkerView's presorted arrays (longest first, ties by id);
-        None while requests wait in the queue (they are not in the running order)."""
+        """`resident_views` as WorkerView's presorted arrays (ids longest first, ties by
+        id; contexts and decoded tokens shortest first); None while requests wait in the
+        queue (they are not in the running order)."""
         if self._waiting:
             return None
-        ids, contexts, decoded = self._running_arrays()
-        return ids, tuple(contexts), tuple(decoded)
+        steps = repeat(self.steps)
+        return (
+            self._ids,
+            tuple(map(add, reversed(self._offsets), steps)),
+            tuple(map(add, reversed(self._decoded_offsets), steps)),
+        )
 
     def _running_arrays(self) -> tuple[list[str], Iterator[int], Iterator[int]]:
         steps = self.steps
@@ -305,41 +319,48 @@ class ModelledEngine:
             limit: int | None = 0
         else:
             limit = math.ceil((compute - base) / grow) if grow else None
-        return _Steps(self.deployment.efficiency.step_overhead_s, base, grow, compute, limit)
+        return _Steps(self._overhead, base, grow, compute, limit)
 
     def _time_of(self, k: int, n: int, kv: int) -> float:
         """Seconds for k decode steps starting with n running and kv tokens of KV."""
-        return self._step_model(n, kv).time(k)
+        return _steps_time(self._step_model(n, kv), k)
 
     def _steps_within(self, seconds: float, n: int, kv: int, cap: int) -> int:
         """The most steps (<= cap) that fit in `seconds`, at least one: the smallest k
         whose time reaches `seconds`, found by bisection from the closed form's guess."""
+        return self._steps_and_time(seconds, n, kv, cap)[0]
+
+    def _steps_and_time(self, seconds: float, n: int, kv: int, cap: int) -> tuple[int, float]:
+        """`_steps_within` and the time those steps take, from one step model."""
         model = self._step_model(n, kv)
         lo, hi = 1, max(1, cap)
-        if model.time(hi) <= seconds:
-            return hi
-        guess = min(hi, max(lo, model.guess(seconds)))
-        if model.time(guess) >= seconds:
-            if guess == lo or model.time(guess - 1) < seconds:
-                return guess
+        at_hi = _steps_time(model, hi)
+        if at_hi <= seconds:
+            return hi, at_hi
+        guess = min(hi, max(lo, _steps_guess(model, seconds)))
+        at_guess = _steps_time(model, guess)
+        if at_guess >= seconds:
+            if guess == lo or _steps_time(model, guess - 1) < seconds:
+                return guess, at_guess
             hi = guess - 1
         else:
             lo = guess + 1
         while lo < hi:
             mid = (lo + hi) // 2
-            if model.time(mid) >= seconds:
+            if _steps_time(model, mid) >= seconds:
                 hi = mid
             else:
                 lo = mid + 1
-        return lo
+        return lo, _steps_time(model, lo)
 
     def run_until(self, until: float) -> list[Stop]:
         """Decode until `until` (the engine's clock may pass it by under one step)."""
         stops: list[Stop] = []
         while self.time < until:
-            self._admit(until)
-            if self.time >= until:
-                break
+            if self._waiting:
+                self._admit(until)
+                if self.time >= until:
+                    break
             if not self._running:
                 ready = [w.ready_at for w in self._waiting if w.ready_at > self.time]
                 self.time = min([until, *ready]) if ready else until
@@ -353,8 +374,8 @@ class ModelledEngine:
             if to_full < 1:
                 self._preempt_newest()
                 continue
-            k = self._steps_within(until - self.time, n, kv, min(to_stop, to_full))
-            self.time += self._time_of(k, n, kv)
+            k, seconds = self._steps_and_time(until - self.time, n, kv, min(to_stop, to_full))
+            self.time += seconds
             self.steps += k
             self.changes += 1
             self.decoded_tokens += k * n
