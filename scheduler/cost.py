@@ -46,13 +46,14 @@ class StepCost:
     def step_s(self, sequences: int, kv_tokens: int) -> float:
         """One decode step with `sequences` residents holding `kv_tokens` of KV."""
         memory = self.weights_s + self.kv_token_s * kv_tokens
-        return self.overhead_s + max(memory, self.seq_s * sequences)
+        compute = self.seq_s * sequences
+        return self.overhead_s + (memory if memory >= compute else compute)
 
     def saturated(self, sequences: int, kv_tokens: int) -> bool:
         """Whether a step of this batch takes over twice an empty step: its KV reads or
         its compute have outgrown reading the weights, so each resident added costs every
         other one more time than it adds throughput."""
-        return self.step_s(sequences, kv_tokens) > 2.0 * self.step_s(0, 0)
+        return self.step_s(sequences, kv_tokens) > 2.0 * (self.overhead_s + self.weights_s)
 
     def prefill_s(self, tokens: int) -> float:
         return self.prefill_token_s * tokens

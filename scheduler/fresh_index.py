@@ -5,12 +5,16 @@ is a sort of every fresh sample every period, and a pool whose admission window 
 holds tens of thousands of them. An observer that sees samples come and go (the
 simulator, and the control loop through its copy of the ledger) keeps them sorted here
 instead, and a batch that did not change shows the same tuple as the period before.
+`samples()` hands a snapshot the fresh pool itself without copying it: most policies
+never read it whole (Cadence reads only the batches), and a copy of thousands of samples
+every period was a tenth of a simulation's time.
 """
 
 from __future__ import annotations
 
 from bisect import bisect_left, insort
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import overload
 
 from cadence.scheduler.snapshot import FRESH_ORDER, FreshSample
 
@@ -21,6 +25,8 @@ class FreshIndex:
         self.samples: dict[str, FreshSample] = {}  # by id, in the order they came
         self._sorted: dict[int, list[FreshSample]] = {}
         self._shown: dict[int, tuple[FreshSample, ...] | None] = {}
+        self._changes = 0
+        self._whole: tuple[FreshSample, ...] | None = None  # `samples` as of _changes
 
     @classmethod
     def of(cls, batch_size: int, samples: Iterable[FreshSample]) -> FreshIndex:
@@ -40,12 +46,14 @@ class FreshIndex:
         return sid in self.samples
 
     def add(self, sample: FreshSample) -> None:
+        self._changed()
         self.samples[sample.id] = sample
         batch = sample.group // self.batch_size
         insort(self._sorted.setdefault(batch, []), sample, key=FRESH_ORDER)
         self._shown[batch] = None
 
     def take(self, sid: str) -> FreshSample:
+        self._changed()
         sample = self.samples.pop(sid)
         batch = sample.group // self.batch_size
         samples = self._sorted[batch]
@@ -55,6 +63,23 @@ class FreshIndex:
         else:
             del self._sorted[batch], self._shown[batch]
         return sample
+
+    def _changed(self) -> None:
+        self._changes += 1
+        self._whole = None
+
+    def frozen(self) -> Sequence[FreshSample]:
+        """The fresh samples as of now, in the order they came, for `Snapshot(fresh=)`:
+        copied only if read, and readable only until the index next changes (a plan
+        reads its snapshot before its actions are applied)."""
+        return _Frozen(self, self._changes, len(self.samples))
+
+    def _whole_at(self, changes: int) -> tuple[FreshSample, ...]:
+        if changes != self._changes:
+            raise RuntimeError("fresh samples read from a snapshot after the pool changed")
+        if self._whole is None:
+            self._whole = tuple(self.samples.values())
+        return self._whole
 
     def by_batch(self) -> Mapping[int, tuple[FreshSample, ...]]:
         """`Snapshot.fresh_by_batch` of these samples: each batch shortest first (ties by
@@ -70,3 +95,28 @@ class FreshIndex:
         shown = self._shown[batch]
         assert shown is not None
         return shown
+
+
+class _Frozen(Sequence[FreshSample]):
+    __slots__ = ("_changes", "_index", "_len")
+
+    def __init__(self, index: FreshIndex, changes: int, length: int) -> None:
+        self._index, self._changes, self._len = index, changes, length
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __iter__(self) -> Iterator[FreshSample]:
+        return iter(self._index._whole_at(self._changes))
+
+    @overload
+    def __getitem__(self, i: int) -> FreshSample: ...
+    @overload
+    def __getitem__(self, i: slice) -> tuple[FreshSample, ...]: ...
+    def __getitem__(self, i: int | slice) -> FreshSample | tuple[FreshSample, ...]:
+        return self._index._whole_at(self._changes)[i]
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Sequence) and tuple(self) == tuple(other)
+
+    __hash__ = None  # type: ignore[assignment]

@@ -155,10 +155,10 @@ def lift_tail(
             if not heap or -heap[0][0] < context:
                 continue
             target = heap[0][3]
+            if target is source:
+                continue
             move = None if moves is None else moves.between(context, source.view, target.view)
-            if target is source or not worth_moving(
-                context, decoded, source, target, period_s, move=move
-            ):
+            if not worth_moving(context, decoded, source, target, period_s, move=move):
                 continue
             at = next(i for i, r in enumerate(source.residents) if r.id == rid)
             source.pop(at, min_decode)

@@ -48,8 +48,7 @@ def placement_feasible(worker: WorkingWorker, context: int) -> bool:
     stops a worker that was just restored from being refilled straight back below it.
     A trajectory placed beyond the engine's sequence limit would only queue inside it.
     """
-    n = worker.count + 1
-    return worker.has_seat() and worker.headroom - context >= worker.floor(n) + worker.reserve * n
+    return worker.can_take(context)
 
 
 def _context(item: Candidate) -> int:
@@ -93,35 +92,39 @@ class _FitIndex:
     def __bool__(self) -> bool:
         return any(self._tiers)
 
-    def _top(self, context: int) -> tuple[int, WorkingWorker] | None:
+    def _top(self, context: int) -> tuple[int, int, WorkingWorker] | None:
+        """(tier, key, worker) of the best worker for `context`. A worker changes only
+        through this index during a pass (`reposition`), so the key on top is current."""
         open_, bound = self._tiers
         while open_:
-            worker = open_[0][2]
-            if not placement_feasible(worker, context):
+            top = open_[0]
+            worker = top[2]
+            if not worker.can_take(context):
                 heapq.heappop(open_)
             elif worker.saturated_with(context):
                 heapq.heappop(open_)
                 heapq.heappush(bound, self._entry(1, worker))
             else:
-                return 0, worker
+                return 0, top[0], worker
         while bound:
-            worker = bound[0][2]
-            if placement_feasible(worker, context):
-                return 1, worker
+            top = bound[0]
+            worker = top[2]
+            if worker.can_take(context):
+                return 1, top[0], worker
             heapq.heappop(bound)
         return None
 
     def best(self, context: int) -> WorkingWorker | None:
         top = self._top(context)
-        return None if top is None else top[1]
+        return None if top is None else top[2]
 
     def fit_key(self, context: int) -> tuple[tuple[int, int], WorkingWorker] | None:
         """(tier, fit) of the best worker for `context`, and the worker; None if none."""
         top = self._top(context)
         if top is None:
             return None
-        tier, worker = top
-        return (tier, self._entry(tier, worker)[0]), worker
+        tier, key, worker = top
+        return (tier, key), worker
 
     def _entry(self, tier: int, worker: WorkingWorker) -> tuple[int, str, WorkingWorker]:
         if tier == 0:

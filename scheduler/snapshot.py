@@ -14,19 +14,29 @@ from __future__ import annotations
 
 # `_operator` is the C module behind the standard `operator`; imported by that name because
 # type checkers run from the repository root see this repository's operator/ folder.
-from _operator import attrgetter
+from _operator import add, attrgetter
 from collections.abc import Mapping, Sequence
 from dataclasses import InitVar, dataclass, field
 from functools import lru_cache, partial
+from itertools import repeat
 from types import MappingProxyType
-from typing import Literal, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 from cadence.scheduler.cost import StepCost
 from cadence.scheduler.errors import ConfigError
 
-# A worker's residents as arrays: ids longest first (ties by id); contexts and decoded
-# tokens in the reverse order, shortest first (the order the view keeps them in).
-Presorted = tuple[Sequence[str], Sequence[int], Sequence[int]]
+
+class Presorted(NamedTuple):
+    """A worker's residents as an engine keeps them: ids longest first (ties by id),
+    and each one's context and tokens decoded since placement as an offset from a step
+    count they share (every running request grows one token a step, so the order and
+    the offsets hold until one joins or leaves). Contexts are `offset + steps`."""
+
+    ids: tuple[str, ...]
+    offsets: tuple[int, ...]
+    decoded_offsets: tuple[int, ...]
+    steps: int = 0
+
 
 # How a departed trajectory moves to another worker: auto pulls its KV blocks where the
 # pair's layouts match (same transfer group) and re-prefills otherwise; kv moves it only
@@ -60,11 +70,10 @@ class WorkerView:
     `cost` its decode and prefill cost, None if unknown (then KV alone decides).
 
     `presorted` is for an observer that already holds its residents in order (the
-    simulator's engines keep them so): their ids longest first (ties by id), and their
-    contexts and tokens decoded since placement in the reverse order, as tuples. The view
-    then takes them without sorting or copying, and
-    builds the `residents` tuple only when something reads it. Most cycles read only the
-    arrays below, so a large pool's views cost no object per resident.
+    simulator's engines keep them so, see `Presorted`). The view then takes them without
+    sorting, and builds the arrays below and the `residents` tuple only when something
+    reads them: most cycles read neither for most workers, so a large pool's views cost
+    no object and no array per resident.
     """
 
     id: str
@@ -81,12 +90,14 @@ class WorkerView:
     # blocks; a move between any other pair re-prefills on the destination.
     transfer_group: str | None = None
     used: int = field(init=False)
+    count: int = field(init=False)  # how many trajectories it holds
     # Residents' contexts and tokens decoded since placement, shortest first: the
     # concentration rule's "residents shorter than the incoming trajectory" reads these.
     contexts_ascending: tuple[int, ...] = field(init=False, repr=False)
     decoded_ascending: tuple[int, ...] = field(init=False, repr=False)
     least_decoded: int = field(init=False, repr=False)
     _ids_descending: tuple[str, ...] = field(init=False, repr=False, compare=False)
+    _presorted: Presorted | None = field(init=False, repr=False, compare=False)
     presorted: InitVar[Presorted | None] = None
 
     def __post_init__(self, presorted: Presorted | None) -> None:
@@ -94,52 +105,60 @@ class WorkerView:
             raise ConfigError(f"worker {self.id} has KV capacity {self.capacity}; it must be > 0")
         if self.max_seqs is not None and self.max_seqs < 1:
             raise ConfigError(f"worker {self.id} has max_seqs {self.max_seqs}; it must be >= 1")
+        object.__setattr__(self, "_presorted", presorted)
         if presorted is not None:
             if self.residents:
                 raise ConfigError(f"worker {self.id}: give residents or presorted, not both")
-            ids, contexts, decoded = presorted
-            if not len(ids) == len(contexts) == len(decoded):
+            ids, offsets, decoded_offsets, steps = presorted
+            n = len(ids)
+            if not n == len(offsets) == len(decoded_offsets):
                 raise ConfigError(f"worker {self.id}: presorted arrays of unequal lengths")
-            contexts, decoded = tuple(contexts), tuple(decoded)  # no copy of a tuple
-            object.__setattr__(self, "_ids_descending", tuple(ids))
-            object.__delattr__(self, "residents")  # built on first read (__getattr__)
-        else:
-            # Longest first, ties by id: two stable C-level sorts, cheaper than one keyed
-            # in Python.
-            by_id = sorted(self.residents, key=_ID)
-            ordered = tuple(sorted(by_id, key=_CONTEXT, reverse=True))
-            contexts = tuple(map(_CONTEXT, reversed(ordered)))
-            decoded = tuple(map(_DECODED, reversed(ordered)))
-            object.__setattr__(self, "residents", ordered)
-            object.__setattr__(self, "_ids_descending", ())
+            object.__setattr__(self, "_ids_descending", ids)
+            object.__setattr__(self, "used", sum(offsets) + n * steps)
+            object.__setattr__(self, "count", n)
+            object.__setattr__(self, "least_decoded", min(decoded_offsets) + steps if n else 0)
+            # The residents and both arrays are built on first read (__getattr__).
+            object.__delattr__(self, "residents")
+            return
+        # Longest first, ties by id: two stable C-level sorts, cheaper than one keyed in
+        # Python.
+        by_id = sorted(self.residents, key=_ID)
+        ordered = tuple(sorted(by_id, key=_CONTEXT, reverse=True))
+        contexts = tuple(map(_CONTEXT, reversed(ordered)))
+        decoded = tuple(map(_DECODED, reversed(ordered)))
+        object.__setattr__(self, "residents", ordered)
+        object.__setattr__(self, "_ids_descending", ())
         object.__setattr__(self, "used", sum(contexts))
+        object.__setattr__(self, "count", len(contexts))
         object.__setattr__(self, "contexts_ascending", contexts)
         object.__setattr__(self, "decoded_ascending", decoded)
         object.__setattr__(self, "least_decoded", min(decoded, default=0))
 
-    def __getattr__(self, name: str) -> tuple[Resident, ...]:
-        # Called only for an attribute not set: `residents` of a presorted view, before
-        # its first read.
-        if name != "residents":
+    def __getattr__(self, name: str) -> tuple[Any, ...]:
+        # Called only for an attribute not set: what a presorted view builds on first read.
+        presorted = self._presorted
+        if presorted is None or name not in _LAZY:
             raise AttributeError(name)
-        built = tuple(
-            map(
-                _resident,
-                zip(
-                    self._ids_descending,
-                    reversed(self.contexts_ascending),
-                    reversed(self.decoded_ascending),
-                    strict=True,
-                ),
+        if name == "residents":
+            built: tuple[Any, ...] = tuple(
+                map(
+                    _resident,
+                    zip(
+                        self._ids_descending,
+                        reversed(self.contexts_ascending),
+                        reversed(self.decoded_ascending),
+                        strict=True,
+                    ),
+                )
             )
-        )
-        object.__setattr__(self, "residents", built)
-        return built
-
-    @property
-    def count(self) -> int:
-        """How many trajectories it holds (without building the residents)."""
-        return len(self.contexts_ascending)
+            object.__setattr__(self, "residents", built)
+            return built
+        steps = repeat(presorted.steps)
+        contexts = tuple(map(add, reversed(presorted.offsets), steps))
+        decoded = tuple(map(add, reversed(presorted.decoded_offsets), steps))
+        object.__setattr__(self, "contexts_ascending", contexts)
+        object.__setattr__(self, "decoded_ascending", decoded)
+        return contexts if name == "contexts_ascending" else decoded
 
     @property
     def headroom(self) -> int:
@@ -293,7 +312,9 @@ _CONTEXT = attrgetter("context")
 _DECODED = attrgetter("decoded_since_placement")
 # A Resident from an (id, context, decoded) tuple, built in C.
 _resident = partial(tuple.__new__, Resident)
-_PENDING_ORDER = attrgetter("context", "id")
+PENDING_ORDER = attrgetter("context", "id")
+# What a presorted WorkerView builds when it is first read.
+_LAZY = frozenset({"residents", "contexts_ascending", "decoded_ascending"})
 
 FRESH_ORDER = attrgetter("prompt_tokens", "id")
 
@@ -310,6 +331,15 @@ def _worker_key(view: WorkerView) -> tuple[str, int]:
     return worker_order(view.id)
 
 
+class PendingOrder(NamedTuple):
+    """P_v as a snapshot reads it, per version (ascending): every pending trajectory and
+    the placeable ones, shortest first (ties by id), and the placeable ones' contexts."""
+
+    every: Mapping[int, tuple[PendingTrajectory, ...]]
+    placeable: Mapping[int, tuple[PendingTrajectory, ...]]
+    contexts: Mapping[int, tuple[int, ...]]
+
+
 @dataclass(frozen=True, slots=True)
 class Snapshot:
     """The pool at time `now`, plus the run's counters and knobs.
@@ -324,14 +354,15 @@ class Snapshot:
     `fresh_index` is for an observer that keeps its fresh samples ordered as they come
     and go (the simulator, whose fresh pool holds thousands of samples): the fresh
     samples of each batch, shortest first (ties by id), batches in the order of their
-    shortest sample, exactly what would be built from `fresh`. It is taken as given, so
-    a cycle does not sort what did not change.
+    shortest sample, exactly what would be built from `fresh`. `pending_index` is the
+    same for P_v (`PendingOrder`, kept by `pending_index.py`). Both are taken as given,
+    so a cycle does not sort what did not change.
     """
 
     now: float
     workers: tuple[WorkerView, ...]
     pending: tuple[PendingTrajectory, ...]
-    fresh: tuple[FreshSample, ...]
+    fresh: Sequence[FreshSample]
     newest_version: int
     admission: Admission
     knobs: Knobs
@@ -342,17 +373,27 @@ class Snapshot:
     placeable_contexts: Mapping[int, tuple[int, ...]] = field(init=False)
     fresh_by_batch: Mapping[int, tuple[FreshSample, ...]] = field(init=False)
     fresh_index: InitVar[Mapping[int, tuple[FreshSample, ...]] | None] = None
+    pending_index: InitVar[PendingOrder | None] = None
 
-    def __post_init__(self, fresh_index: Mapping[int, tuple[FreshSample, ...]] | None) -> None:
+    def __post_init__(
+        self,
+        fresh_index: Mapping[int, tuple[FreshSample, ...]] | None,
+        pending_index: PendingOrder | None,
+    ) -> None:
         if self.newest_version < 0:
             raise ConfigError(f"newest version is {self.newest_version}; it must be >= 0")
         ordered = tuple(sorted(self.workers, key=_worker_key))
         object.__setattr__(self, "workers", ordered)
-        grouped: dict[int, list[PendingTrajectory]] = {}
-        for p in self.pending:
-            grouped.setdefault(p.version, []).append(p)
-        by_version = {v: tuple(sorted(ps, key=_PENDING_ORDER)) for v, ps in grouped.items()}
-        placeable = {v: tuple(p for p in ps if p.placeable) for v, ps in by_version.items()}
+        if pending_index is None:
+            grouped: dict[int, list[PendingTrajectory]] = {}
+            for p in self.pending:
+                grouped.setdefault(p.version, []).append(p)
+            every = {v: tuple(sorted(grouped[v], key=PENDING_ORDER)) for v in sorted(grouped)}
+            placeable = {v: tuple(p for p in ps if p.placeable) for v, ps in every.items()}
+            contexts = {v: tuple(p.context for p in ps) for v, ps in placeable.items()}
+            pending_index = PendingOrder(every, placeable, contexts)
+        elif sum(map(len, pending_index.every.values())) != len(self.pending):
+            raise ConfigError("the pending index does not hold the snapshot's pending trajectories")
         if fresh_index is None:
             by_batch: dict[int, list[FreshSample]] = {}
             for f in sorted(self.fresh, key=FRESH_ORDER):
@@ -360,8 +401,7 @@ class Snapshot:
             fresh_index = {b: tuple(fs) for b, fs in by_batch.items()}
         elif sum(map(len, fresh_index.values())) != len(self.fresh):
             raise ConfigError("the fresh index does not hold the snapshot's fresh samples")
-        object.__setattr__(self, "pending_by_version", MappingProxyType(by_version))
-        object.__setattr__(self, "placeable_by_version", MappingProxyType(placeable))
-        contexts = {v: tuple(p.context for p in ps) for v, ps in placeable.items()}
-        object.__setattr__(self, "placeable_contexts", MappingProxyType(contexts))
+        object.__setattr__(self, "pending_by_version", MappingProxyType(pending_index.every))
+        object.__setattr__(self, "placeable_by_version", MappingProxyType(pending_index.placeable))
+        object.__setattr__(self, "placeable_contexts", MappingProxyType(pending_index.contexts))
         object.__setattr__(self, "fresh_by_batch", MappingProxyType(dict(fresh_index)))

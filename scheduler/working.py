@@ -97,6 +97,17 @@ class WorkingWorker:
         floor = self._h_min if each is None else max(self._h_min, each * (self.count + 1))
         return self.capacity - self.used - floor
 
+    def can_take(self, context: int) -> bool:
+        """`pacing.placement_feasible`: a seat, and headroom after placing `context` at
+        or above the floor plus the reserve for every resident, the new one included.
+        Written out here: the fit rule asks it of every candidate worker."""
+        n = self.count + 1
+        if self.max_seqs is not None and n > self.max_seqs:
+            return False
+        each = self._floor_each
+        floor = self._h_min if each is None or each * n < self._h_min else each * n
+        return self.capacity - self.used - context >= floor + self.reserve * n
+
     def has_seat(self) -> bool:
         """Below the engine's sequence limit: one more trajectory would decode at once."""
         return self.max_seqs is None or self.count < self.max_seqs

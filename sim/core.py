@@ -37,6 +37,7 @@ from cadence.scheduler import (
 )
 from cadence.scheduler.fresh_index import FreshIndex
 from cadence.scheduler.moves import move_kind
+from cadence.scheduler.pending_index import PendingIndex
 from cadence.scheduler.snapshot import Transfer
 from cadence.sim.engine import ModelledEngine, Request
 from cadence.sim.records import (
@@ -91,7 +92,7 @@ class Simulation:
         self.trajectories: dict[str, Trajectory] = {}
         # What the snapshot shows, kept as it changes rather than rebuilt each period.
         self._fresh = FreshIndex(w.prompts_per_batch)
-        self._pending: dict[str, PendingTrajectory] = {}
+        self._pending = PendingIndex()
         self._in_env: dict[str, Trajectory] = {}
         # The last view of each worker, with the engine's change count and the version
         # it was taken at: a worker that neither decoded nor changed keeps its view.
@@ -144,9 +145,10 @@ class Simulation:
         return Snapshot(
             now=self.now,
             workers=tuple(views),
-            pending=tuple(self._pending.values()),
-            fresh=tuple(self._fresh.samples.values()),
+            pending=tuple(self._pending),
+            fresh=self._fresh.frozen(),
             fresh_index=self._fresh.by_batch(),
+            pending_index=self._pending.order(),
             newest_version=self.newest,
             admission=Admission(
                 self.admitted, self.scenario.workload.prompts_per_batch, self.total_groups
@@ -196,8 +198,8 @@ class Simulation:
         t.moves += 1
         t.evicted = True
         assert t.version is not None
-        self._pending[t.sample.id] = PendingTrajectory(
-            t.sample.id, t.version, t.context, self.now, parked_on=w.id
+        self._pending.put(
+            PendingTrajectory(t.sample.id, t.version, t.context, self.now, parked_on=w.id)
         )
 
     def _place(self, a: Place) -> None:
@@ -211,7 +213,7 @@ class Simulation:
             t.version = t.start_version = w.version
             request.load_s = w.deployment.prefill_s(t.context)
         elif t.state == "pending":
-            del self._pending[t.sample.id]
+            self._pending.take(t.sample.id)
             t.waited_s += self.now - (t.pending_since if t.evicted else t.env_until)
             if t.version != w.version:
                 if not getattr(self.policy, "spans_versions", False):
@@ -274,21 +276,22 @@ class Simulation:
                     t.pending_since, t.env_until = stop.time, stop.time + latency
                     assert t.version is not None
                     self._in_env[t.sample.id] = t
-                    self._pending[t.sample.id] = PendingTrajectory(
-                        t.sample.id, t.version, t.context, stop.time, False, w.id
+                    self._pending.put(
+                        PendingTrajectory(t.sample.id, t.version, t.context, stop.time, False, w.id)
                     )
 
     def _environments(self, until: float) -> None:
         for rid, t in list(self._in_env.items()):
-            if t.env_until <= until:
-                del self._in_env[rid]
-                t.observed += t.sample.observation_tokens
-                t.context += t.sample.observation_tokens
-                t.state = "pending"
-                assert t.version is not None
-                self._pending[rid] = PendingTrajectory(
-                    rid, t.version, t.context, t.pending_since, parked_on=t.parked_on
-                )
+            if t.env_until > until:
+                continue
+            del self._in_env[rid]
+            t.observed += t.sample.observation_tokens
+            t.context += t.sample.observation_tokens
+            t.state = "pending"
+            assert t.version is not None
+            self._pending.put(
+                PendingTrajectory(rid, t.version, t.context, t.pending_since, parked_on=t.parked_on)
+            )
 
     def _train(self, now: float) -> None:
         """Batch u is consumed once all of it is complete and version u is the newest;
@@ -402,7 +405,7 @@ class Simulation:
         for w in self.workers.values():
             versions[w.version] = versions.get(w.version, 0) + 1
         fresh_batches = sorted({f.group // b for f in self._fresh.samples.values()})
-        pending_versions = sorted({p.version for p in self._pending.values()})
+        pending_versions = sorted({p.version for p in self._pending})
         residents = sum(w.engine.assigned()[0] for w in self.workers.values())
         served = ", ".join(
             f"{n} on v{v}" if v is not None else f"{n} with no weights yet"

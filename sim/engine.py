@@ -24,7 +24,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import partial
 from itertools import repeat
-from typing import NamedTuple
 
 from cadence.common.physics import Deployment
 from cadence.scheduler import Resident
@@ -67,23 +66,13 @@ class Stop:
     time: float
 
 
-class _Steps(NamedTuple):
+def _steps_time(  # noqa: PLR0917 (the step model's terms; called ~10^6 times a run)
+    k: int, overhead: float, base: float, grow: float, compute: float, limit: int | None
+) -> float:
     """The time of k decode steps with a fixed batch: each costs `overhead` plus the
     larger of the compute floor and the memory term, which starts at `base` and grows by
-    `grow` a step; the first `limit` steps are compute-bound (None: all of them).
-
-    Functions of a tuple rather than methods: the simulator evaluates a few hundred
-    thousand of them a run, and a tuple is built in C."""
-
-    overhead: float
-    base: float
-    grow: float
-    compute: float
-    limit: int | None
-
-
-def _steps_time(model: _Steps, k: int) -> float:
-    overhead, base, grow, compute, limit = model
+    `grow` a step; the first `limit` steps are compute-bound (None: all of them). The
+    terms come from `ModelledEngine._step_model`."""
     bound = k if limit is None or k < limit else limit
     memory_steps = k - bound
     first = base + grow * bound
@@ -91,9 +80,10 @@ def _steps_time(model: _Steps, k: int) -> float:
     return k * overhead + bound * compute + memory
 
 
-def _steps_guess(model: _Steps, seconds: float) -> int:
+def _steps_guess(  # noqa: PLR0917 (as _steps_time)
+    seconds: float, overhead: float, base: float, grow: float, compute: float, limit: int | None
+) -> int:
     """About the smallest k whose time reaches `seconds` (`_steps_time` decides)."""
-    overhead, base, grow, compute, limit = model
     per_bound_step = overhead + compute
     k = math.ceil(seconds / per_bound_step) if per_bound_step > 0 else 1
     if limit is None or k <= limit:
@@ -192,16 +182,12 @@ class ModelledEngine:
         return out
 
     def presorted(self) -> Presorted | None:
-        """`resident_views` as WorkerView's presorted arrays (ids longest first, ties by
-        id; contexts and decoded tokens shortest first); None while requests wait in the
-        queue (they are not in the running order)."""
+        """`resident_views` as WorkerView's presorted arrays; None while requests wait
+        in the queue (they are not in the running order)."""
         if self._waiting:
             return None
-        steps = repeat(self.steps)
-        return (
-            self._ids,
-            tuple(map(add, reversed(self._offsets), steps)),
-            tuple(map(add, reversed(self._decoded_offsets), steps)),
+        return Presorted(
+            tuple(self._ids), tuple(self._offsets), tuple(self._decoded_offsets), self.steps
         )
 
     def _running_arrays(self) -> tuple[list[str], Iterator[int], Iterator[int]]:
@@ -308,8 +294,8 @@ class ModelledEngine:
         self._waiting_kv += request.context
         self.preemptions += 1
 
-    def _step_model(self, n: int, kv: int) -> _Steps:
-        """The terms of `_Steps` for n running and kv tokens of KV."""
+    def _step_model(self, n: int, kv: int) -> tuple[float, float, float, float, int | None]:
+        """The terms of `_steps_time` for n running and kv tokens of KV."""
         b = self._kv_bytes
         base = (self._weight_bytes + b * kv) / self._bandwidth  # memory term of step one
         grow = b * n / self._bandwidth  # added per step
@@ -319,11 +305,11 @@ class ModelledEngine:
             limit: int | None = 0
         else:
             limit = math.ceil((compute - base) / grow) if grow else None
-        return _Steps(self._overhead, base, grow, compute, limit)
+        return self._overhead, base, grow, compute, limit
 
     def _time_of(self, k: int, n: int, kv: int) -> float:
         """Seconds for k decode steps starting with n running and kv tokens of KV."""
-        return _steps_time(self._step_model(n, kv), k)
+        return _steps_time(k, *self._step_model(n, kv))
 
     def _steps_within(self, seconds: float, n: int, kv: int, cap: int) -> int:
         """The most steps (<= cap) that fit in `seconds`, at least one: the smallest k
@@ -332,26 +318,28 @@ class ModelledEngine:
 
     def _steps_and_time(self, seconds: float, n: int, kv: int, cap: int) -> tuple[int, float]:
         """`_steps_within` and the time those steps take, from one step model."""
+        # Every step takes time (n >= 1 computes), so the time of k steps strictly
+        # grows with k: the first k that reaches `seconds` is the answer, and the cap
+        # when none below it does (the search ends there).
         model = self._step_model(n, kv)
         lo, hi = 1, max(1, cap)
-        at_hi = _steps_time(model, hi)
-        if at_hi <= seconds:
-            return hi, at_hi
-        guess = min(hi, max(lo, _steps_guess(model, seconds)))
-        at_guess = _steps_time(model, guess)
+        guess = min(hi, max(lo, _steps_guess(seconds, *model)))
+        at_guess = _steps_time(guess, *model)
         if at_guess >= seconds:
-            if guess == lo or _steps_time(model, guess - 1) < seconds:
+            if guess == lo or _steps_time(guess - 1, *model) < seconds:
                 return guess, at_guess
             hi = guess - 1
+        elif guess == hi:
+            return hi, at_guess
         else:
             lo = guess + 1
         while lo < hi:
             mid = (lo + hi) // 2
-            if _steps_time(model, mid) >= seconds:
+            if _steps_time(mid, *model) >= seconds:
                 hi = mid
             else:
                 lo = mid + 1
-        return lo, _steps_time(model, lo)
+        return lo, _steps_time(lo, *model)
 
     def run_until(self, until: float) -> list[Stop]:
         """Decode until `until` (the engine's clock may pass it by under one step)."""

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
 from cadence.scheduler.fresh_index import FreshIndex
 from cadence.scheduler.snapshot import FRESH_ORDER, FreshSample
 
@@ -44,3 +46,15 @@ def test_a_batch_that_did_not_change_shows_the_same_tuple() -> None:
     after = index.by_batch()
     assert after[0] is before[0] and after[1] != before[1]
     assert list(after) == [1, 0]  # batch 1 now holds the shortest sample
+
+
+def test_a_snapshot_reads_the_pool_as_it_was_and_never_after_it_changed() -> None:
+    index = FreshIndex.of(2, [FreshSample("a", 0, 5), FreshSample("b", 1, 7)])
+    frozen = index.frozen()
+    assert len(frozen) == 2 and list(frozen) == [index.samples["a"], index.samples["b"]]
+    assert frozen[-1].id == "b" and frozen[:1] == (index.samples["a"],)
+    index.take("a")
+    later = index.frozen()
+    assert [f.id for f in later] == ["b"]
+    with pytest.raises(RuntimeError, match="after the pool changed"):
+        frozen[0]  # read after the take: refused, never a pool that no longer is

@@ -169,15 +169,18 @@ def test_the_order_groups_are_listed_in_changes_nothing(policy: str) -> None:
 
 @pytest.mark.parametrize("policy", ["cadence", "dora"])
 def test_the_snapshot_kept_as_the_run_goes_equals_one_built_from_scratch(policy: str) -> None:
-    """The simulator keeps fresh samples sorted by batch and reuses the view of a worker
-    that did not change; every period's snapshot must equal one built from its flat
-    lists and the engines' residents, index order included."""
+    """The simulator keeps fresh samples sorted by batch, P_v sorted by version, and
+    reuses the view of a worker that did not change; every period's snapshot must equal
+    one built from its flat lists and the engines' residents, index order included."""
     sim = Simulation(Scenario.load(TINY), POLICIES[policy]())
     periods = 0
     while not sim.finished:
         kept = sim.snapshot()
-        rebuilt = dataclasses.replace(kept)  # no fresh index: sorted here from `fresh`
+        # No indexes: sorted here from the flat `fresh` and `pending`.
+        rebuilt = dataclasses.replace(kept)
         assert list(kept.fresh_by_batch.items()) == list(rebuilt.fresh_by_batch.items())
+        for derived in ("pending_by_version", "placeable_by_version", "placeable_contexts"):
+            assert list(getattr(kept, derived).items()) == list(getattr(rebuilt, derived).items())
         for view in kept.workers:
             engine = sim.workers[view.id].engine
             assert view == dataclasses.replace(view, residents=tuple(engine.resident_views()))
