@@ -69,11 +69,8 @@ class WorkerView:
     `max_seqs` is the engine's sequence limit (vLLM `max_num_seqs`), None if unknown;
     `cost` its decode and prefill cost, None if unknown (then KV alone decides).
 
-    `presorted` is for an observer that already holds its residents in order (the
-    simulator's engines keep them so, see `Presorted`). The view then takes them without
-    sorting, and builds the arrays below and the `residents` tuple only when something
-    reads them: most cycles read neither for most workers, so a large pool's views cost
-    no object and no array per resident.
+    `of_presorted` builds one for an observer that already holds its residents in order
+    (the simulator's engines keep them so, see `Presorted`).
     """
 
     id: str
@@ -98,28 +95,10 @@ class WorkerView:
     least_decoded: int = field(init=False, repr=False)
     _ids_descending: tuple[str, ...] = field(init=False, repr=False, compare=False)
     _presorted: Presorted | None = field(init=False, repr=False, compare=False)
-    presorted: InitVar[Presorted | None] = None
 
-    def __post_init__(self, presorted: Presorted | None) -> None:
-        if self.capacity <= 0:
-            raise ConfigError(f"worker {self.id} has KV capacity {self.capacity}; it must be > 0")
-        if self.max_seqs is not None and self.max_seqs < 1:
-            raise ConfigError(f"worker {self.id} has max_seqs {self.max_seqs}; it must be >= 1")
-        object.__setattr__(self, "_presorted", presorted)
-        if presorted is not None:
-            if self.residents:
-                raise ConfigError(f"worker {self.id}: give residents or presorted, not both")
-            ids, offsets, decoded_offsets, steps = presorted
-            n = len(ids)
-            if not n == len(offsets) == len(decoded_offsets):
-                raise ConfigError(f"worker {self.id}: presorted arrays of unequal lengths")
-            object.__setattr__(self, "_ids_descending", ids)
-            object.__setattr__(self, "used", sum(offsets) + n * steps)
-            object.__setattr__(self, "count", n)
-            object.__setattr__(self, "least_decoded", min(decoded_offsets) + steps if n else 0)
-            # The residents and both arrays are built on first read (__getattr__).
-            object.__delattr__(self, "residents")
-            return
+    def __post_init__(self) -> None:
+        _check(self.id, self.capacity, self.max_seqs)
+        object.__setattr__(self, "_presorted", None)
         # Longest first, ties by id: two stable C-level sorts, cheaper than one keyed in
         # Python.
         by_id = sorted(self.residents, key=_ID)
@@ -133,6 +112,48 @@ class WorkerView:
         object.__setattr__(self, "contexts_ascending", contexts)
         object.__setattr__(self, "decoded_ascending", decoded)
         object.__setattr__(self, "least_decoded", min(decoded, default=0))
+
+    @classmethod
+    def of_presorted(  # noqa: PLR0917 (the fields of a view)
+        cls,
+        id: str,
+        accelerator: str,
+        affinity: int,
+        version: int | None,
+        capacity: int,
+        presorted: Presorted,
+        *,
+        draining: bool = False,
+        max_seqs: int | None = None,
+        cost: StepCost | None = None,
+        transfer_group: str | None = None,
+    ) -> WorkerView:
+        """A view of residents held in order: taken without sorting, its arrays and
+        `residents` built only when something reads them (most cycles read neither for
+        most workers). Built field by field: a frozen dataclass's `__init__` was a fifth
+        of the simulator's snapshot time, and every period builds a view per worker."""
+        _check(id, capacity, max_seqs)
+        ids, offsets, decoded_offsets, steps = presorted
+        n = len(ids)
+        if not n == len(offsets) == len(decoded_offsets):
+            raise ConfigError(f"worker {id}: presorted arrays of unequal lengths")
+        view = object.__new__(cls)
+        set_ = object.__setattr__
+        set_(view, "id", id)
+        set_(view, "accelerator", accelerator)
+        set_(view, "affinity", affinity)
+        set_(view, "version", version)
+        set_(view, "capacity", capacity)
+        set_(view, "draining", draining)
+        set_(view, "max_seqs", max_seqs)
+        set_(view, "cost", cost)
+        set_(view, "transfer_group", transfer_group)
+        set_(view, "used", sum(offsets) + n * steps)
+        set_(view, "count", n)
+        set_(view, "least_decoded", min(decoded_offsets) + steps if n else 0)
+        set_(view, "_ids_descending", ids)
+        set_(view, "_presorted", presorted)
+        return view  # residents and both arrays: built on first read (__getattr__)
 
     def __getattr__(self, name: str) -> tuple[Any, ...]:
         # Called only for an attribute not set: what a presorted view builds on first read.
@@ -320,6 +341,13 @@ FRESH_ORDER = attrgetter("prompt_tokens", "id")
 
 
 @lru_cache(maxsize=1 << 16)  # a pool's ids recur every cycle
+def _check(wid: str, capacity: int, max_seqs: int | None) -> None:
+    if capacity <= 0:
+        raise ConfigError(f"worker {wid} has KV capacity {capacity}; it must be > 0")
+    if max_seqs is not None and max_seqs < 1:
+        raise ConfigError(f"worker {wid} has max_seqs {max_seqs}; it must be >= 1")
+
+
 def worker_order(wid: str) -> tuple[str, int]:
     """Sort key of worker ids: the name, then its trailing ordinal as a number (h800-2
     before h800-10, as a pool's groups number their workers)."""

@@ -128,18 +128,31 @@ class Simulation:
             stamp = (w.engine.changes, w.version)
             if seen is None or seen[0] != stamp:
                 presorted = w.engine.presorted()
-                view = WorkerView(
-                    w.id,
-                    w.accelerator,
-                    w.affinity,
-                    w.version,
-                    w.deployment.kv_capacity_tokens,
-                    () if presorted is not None else tuple(w.engine.resident_views()),
-                    max_seqs=w.engine.max_batch,
-                    cost=w.cost,
-                    transfer_group=w.transfer_group,
-                    presorted=presorted,
-                )
+                capacity = w.deployment.kv_capacity_tokens
+                if presorted is not None:
+                    view = WorkerView.of_presorted(
+                        w.id,
+                        w.accelerator,
+                        w.affinity,
+                        w.version,
+                        capacity,
+                        presorted,
+                        max_seqs=w.engine.max_batch,
+                        cost=w.cost,
+                        transfer_group=w.transfer_group,
+                    )
+                else:  # requests wait in the engine's queue: not in its running order
+                    view = WorkerView(
+                        w.id,
+                        w.accelerator,
+                        w.affinity,
+                        w.version,
+                        capacity,
+                        tuple(w.engine.resident_views()),
+                        max_seqs=w.engine.max_batch,
+                        cost=w.cost,
+                        transfer_group=w.transfer_group,
+                    )
                 seen = self._views[w.id] = (stamp, view)
             views.append(seen[1])
         return Snapshot(
