@@ -344,13 +344,15 @@ class Simulation:
         self._record()
 
     def _record(self) -> None:
-        decoded = sum(w.engine.decoded_tokens for w in self.workers.values())
+        decoded = 0
         kv: dict[str, int] = {}
         count: dict[str, int] = {}
         for w in self.workers.values():
+            decoded += w.engine.decoded_tokens
             n, tokens = w.engine.assigned()
-            kv[w.accelerator] = kv.get(w.accelerator, 0) + tokens
-            count[w.accelerator] = count.get(w.accelerator, 0) + n
+            a = w.accelerator
+            kv[a] = kv.get(a, 0) + tokens
+            count[a] = count.get(a, 0) + n
         self.timeline.append(
             PeriodSample(
                 self.now,

@@ -64,12 +64,11 @@ class Worker:
     # type and tensor-parallel degree; None where the scenario has no KV link.
     transfer_group: str | None = None
 
+    accelerator: str = field(default="", init=False)  # the deployment's type name
+
     def __post_init__(self) -> None:
         self.cost = step_cost(self.deployment)
-
-    @property
-    def accelerator(self) -> str:
-        return self.deployment.accelerator.name
+        self.accelerator = self.deployment.accelerator.name
 
 
 @dataclass(frozen=True, slots=True)
