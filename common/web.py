@@ -276,14 +276,31 @@ def install(app: FastAPI, token: str, refusals: tuple[type[Exception], ...] = ()
 # response: one that never sends a request, or stops mid-headers, was held for ever.
 HEADERS_S = 30.0
 
+# How long an idle connection is kept for its next request: by a server, and by a client,
+# whose keep must be the shorter. A request sent on a connection the server is closing
+# gets no answer (httpx's ReadError): with both at their libraries' default of 5 s, a
+# client that reused a connection idle for about 5 s lost the request now and then.
+SERVER_KEEP_ALIVE_S = 30.0
+CLIENT_KEEP_ALIVE_S = 10.0
+# httpx's default pool, but with the client's keep-alive above.
+CLIENT_LIMITS = httpx.Limits(
+    max_connections=100, max_keepalive_connections=20, keepalive_expiry=CLIENT_KEEP_ALIVE_S
+)
+
 
 class _HeadersDeadline:
-    """Mixed into uvicorn's HTTP protocol: the deadline above. A request's headers make
-    a new request cycle, which is how the deadline knows they came."""
+    """Mixed into uvicorn's HTTP protocol: the deadline above, and the server's
+    keep-alive. A request's headers make a new request cycle, which is how the deadline
+    knows they came."""
 
     loop: asyncio.AbstractEventLoop
     transport: asyncio.Transport
     cycle: object
+    timeout_keep_alive: float
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.timeout_keep_alive = SERVER_KEEP_ALIVE_S
 
     def connection_made(self, transport: asyncio.Transport) -> None:
         super().connection_made(transport)  # type: ignore[misc]
@@ -314,7 +331,8 @@ class _HeadersDeadline:
 
 def http_protocol() -> type[asyncio.Protocol]:
     """uvicorn's HTTP protocol (httptools where installed, as uvicorn picks) with the
-    headers deadline; give it as `uvicorn.Config(http=...)`."""
+    headers deadline and the server's keep-alive; give it as `uvicorn.Config(http=...)`.
+    Clients of these servers take `CLIENT_LIMITS`."""
     base: type[asyncio.Protocol]
     try:
         from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol  # noqa: PLC0415
@@ -478,6 +496,7 @@ class ServiceClient:
             timeout=self.default_timeout_s if timeout_s is None else timeout_s,
             transport=transport,
             verify=client_verify() if verify is None else verify,
+            limits=CLIENT_LIMITS,
         )
 
     async def aclose(self) -> None:

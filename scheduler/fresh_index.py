@@ -5,9 +5,9 @@ is a sort of every fresh sample every period, and a pool whose admission window 
 holds tens of thousands of them. An observer that sees samples come and go (the
 simulator, and the control loop through its copy of the ledger) keeps them sorted here
 instead, and a batch that did not change shows the same tuple as the period before.
-`samples()` hands a snapshot the fresh pool itself without copying it: most policies
+`frozen()` hands a snapshot the fresh pool itself without copying it: most policies
 never read it whole (Cadence reads only the batches), and a copy of thousands of samples
-every period was a tenth of a simulation's time.
+every period was 7% of a simulation's time.
 """
 
 from __future__ import annotations

@@ -157,8 +157,10 @@ class WorkerView:
 
     def __getattr__(self, name: str) -> tuple[Any, ...]:
         # Called only for an attribute not set: what a presorted view builds on first read.
+        if name not in _LAZY:
+            raise AttributeError(name)
         presorted = self._presorted
-        if presorted is None or name not in _LAZY:
+        if presorted is None:
             raise AttributeError(name)
         if name == "residents":
             built: tuple[Any, ...] = tuple(

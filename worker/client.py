@@ -13,7 +13,7 @@ import httpx
 from pydantic import BaseModel, TypeAdapter
 
 from cadence.common.sources import Destinations, SourceRefused
-from cadence.common.web import ServiceClient, ServiceError, client_verify
+from cadence.common.web import CLIENT_LIMITS, ServiceClient, ServiceError, client_verify
 from cadence.worker.api import (
     BULK_ITEMS,
     AdvanceRequest,
@@ -217,6 +217,7 @@ class TrainerSender:
             timeout=10.0,
             transport=transport,
             verify=client_verify(),
+            limits=CLIENT_LIMITS,
         )
 
     async def __call__(self, delivery: Delivery) -> None:

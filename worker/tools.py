@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import httpx
 
-from cadence.common.web import client_verify
+from cadence.common.web import CLIENT_LIMITS, client_verify
 from cadence.worker.calculator import ToolRequest, ToolResponse
 from cadence.worker.engine import Clock
 
@@ -55,6 +55,7 @@ class HttpEnvironment:
             headers={"Authorization": f"Bearer {token}"},
             transport=transport,
             verify=client_verify() if verify is None else verify,
+            limits=CLIENT_LIMITS,
         )
 
     async def __call__(self, rid: str, index: int, text: str, attempt: int) -> str:
