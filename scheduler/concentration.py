@@ -72,11 +72,6 @@ _Pick = tuple[int, str, int, int]  # (context, id, stream, position)
 _Class = tuple[int, str]  # (affinity rank, transfer group with a move rule, else "")
 
 
-def _margin(w: WorkingWorker) -> int:
-    """Headroom above the floor it would have with one more resident."""
-    return w.margin()
-
-
 class TargetIndex:
     """The targets of one version, for the concentration placement rule.
 
@@ -110,6 +105,7 @@ class TargetIndex:
         "_his",
         "_left",
         "_moves",
+        "_pickers",
         "_picks",
         "_reach",
         "_split",
@@ -139,12 +135,15 @@ class TargetIndex:
         # Per rank, each candidate with its pick, its worker's stamp when the pick was
         # computed, and its margin then.
         self._picks: dict[_Class, list[tuple[WorkingWorker, _Pick | None, int, int]]] = {}
+        # The classes whose candidates picked a trajectory, by its id (a superset: a
+        # class refreshed for nothing keeps its picks).
+        self._pickers: dict[str, list[_Class]] = {}
         # Per class, highest rank first: max-heaps by margin and by reach, stamped.
         by_rank: dict[_Class, list[tuple[int, str, int, WorkingWorker]]] = {}
         reach: dict[_Class, list[tuple[int, str, int, WorkingWorker]]] = {}
         for w in targets:
             c = self._class_of(w)
-            by_rank.setdefault(c, []).append((-_margin(w), w.id, 0, w))
+            by_rank.setdefault(c, []).append((-w.margin(), w.id, 0, w))
             reach.setdefault(c, []).append((-self._reach_of(w), w.id, 0, w))
         self._classes = {rank: by_rank[rank] for rank in sorted(by_rank, reverse=True)}
         self._by_rank: dict[int, list[_Class]] = {}
@@ -163,7 +162,7 @@ class TargetIndex:
         return self._moves is None or self._moves.allowed(p, w.view)
 
     def _reach_of(self, w: WorkingWorker) -> int:
-        return _margin(w) + w.evictable_kv(self.min_decode)
+        return w.margin() + w.evictable_kv(self.min_decode)
 
     def _candidates(self, rank: _Class) -> list[WorkingWorker]:
         """The rank's top by margin and top by reach (one worker if they coincide)."""
@@ -179,20 +178,20 @@ class TargetIndex:
         """Can `w` take `context`, departing only residents shorter than it?"""
         if not w.has_seat():
             return False
-        return _margin(w) + w.freeable_below(context, self.min_decode) >= context
+        return w.margin() + w.freeable_below(context, self.min_decode) >= context
 
     def _next_fit(self, w: WorkingWorker, contexts: Sequence[int], hi: int) -> int:
         """The largest j < hi such that `w` can take a trajectory of `contexts[j]`
         (ascending); -1 if none."""
         if hi <= 0:
             return -1
-        budget = _margin(w)
+        budget = w.margin()
         cmax = contexts[hi - 1]
         if cmax <= budget:
             return hi - 1  # the longest left fits without displacing anyone
-        shorter = w.evictable_below(cmax, self.min_decode)
-        seg = len(shorter)
-        freed = sum(shorter)  # evicting every resident shorter than cmax
+        # `shorter` may run past cmax: only its first `seg` are shorter.
+        shorter, sums, seg = w.evictable_below(cmax, self.min_decode)
+        freed = sums[seg]  # evicting every resident shorter than cmax
         # Segment seg holds contexts c in (shorter[seg-1], shorter[seg]]; there c fits
         # iff c <= budget + (sum of the seg shortest), found by one range query. The
         # slack budget + freed - lower only shrinks going down, so once a segment is
@@ -203,7 +202,7 @@ class TargetIndex:
             if upper <= lower:
                 return -1
             upper = min(upper, cmax)
-            if seg < len(shorter) and shorter[seg] < upper:
+            if seg < len(shorter) and shorter[seg] < upper:  # never past cmax: upper <= cmax
                 upper = shorter[seg]
             if upper > lower:
                 j = bisect_right(contexts, upper, 0, hi) - 1
@@ -234,13 +233,18 @@ class TargetIndex:
 
     def _refresh(self, rank: _Class) -> None:
         """Make the rank's candidates current, each with an up-to-date pick."""
-        kept = {w.id: (pick, stamp) for w, pick, stamp, _ in self._picks.get(rank, [])}
+        kept = self._picks.get(rank, ())  # at most two: a linear search is cheapest
         entries = []
         for w in self._candidates(rank):
-            pick, stamp = kept.get(w.id, (None, -1))
+            pick, stamp = None, -1
+            for e in kept:
+                if e[0] is w:
+                    pick, stamp = e[1], e[2]
             if stamp != self._changes[w.id] or not self._live(pick):
                 pick, stamp = self._pick(w), self._changes[w.id]
-            entries.append((w, pick, stamp, _margin(w)))
+            entries.append((w, pick, stamp, w.margin()))
+            if pick is not None:
+                self._pickers.setdefault(pick[1], []).append(rank)
         self._picks[rank] = entries
 
     def _live(self, pick: _Pick | None) -> bool:
@@ -251,9 +255,7 @@ class TargetIndex:
         it displaced, or None when no target can take any."""
         best: tuple[tuple[int, str, int, int], WorkingWorker, _Pick] | None = None
         for rank, entries in self._picks.items():
-            if any(p is not None and not self._live(p) for _, p, _, _ in entries):
-                self._refresh(rank)  # a pick was taken by another rank's placement
-            for w, pick, _, margin in self._picks[rank]:
+            for w, pick, _, margin in entries:
                 if pick is not None:
                     key = (pick[0], pick[1], rank[0], margin)
                     if (
@@ -274,7 +276,10 @@ class TargetIndex:
             for m, st in enumerate(self._streams)
         ]
         displaced = self.place_on(w, trajectory, context, out)
-        self._refresh(self._class_of(w))
+        # Its class changed; and every class whose candidate picked it needs a new pick
+        # (no other pick went stale: the one placed was the longest).
+        for c in {self._class_of(w), *self._pickers.pop(trajectory, ())}:
+            self._refresh(c)
         return displaced
 
     def _preference(self, pick: _Pick, w: WorkingWorker) -> tuple[int, float]:
@@ -339,7 +344,7 @@ class TargetIndex:
         """Placement rule (concentration): put the trajectory on `worker`, first departing
         its shortest evictable residents shorter than it if the floor needs it.
         Returns how many residents it displaced."""
-        need = context - _margin(worker)
+        need = context - worker.margin()
         victims: list[int] = []
         i = len(worker.residents) - 1
         while need > 0 and i >= 0:
@@ -360,7 +365,7 @@ class TargetIndex:
         self._changes[worker.id] += 1
         heapq.heappush(
             self._classes[self._class_of(worker)],
-            (-_margin(worker), worker.id, self._changes[worker.id], worker),
+            (-worker.margin(), worker.id, self._changes[worker.id], worker),
         )
         return len(victims)
 

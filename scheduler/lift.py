@@ -67,22 +67,33 @@ def worth_moving(
     What is left to decode is unknown; what it has decoded here stands for it (a
     trajectory that has run long tends to run on, and one that has barely started, or a
     short answer, is not worth a move). The move saves that many steps' difference in
-    step time and costs, as trajectory-seconds lost, a prefill of the whole context on
-    the target, during which every one of the target's residents waits, or, where `move`
-    is a KV pull, the transfer, during which only the moved trajectory waits; plus up to
-    a control period off both engines while the hand-off runs.
+    step time (`_saving`) and costs, as trajectory-seconds lost, a prefill of the whole
+    context on the target, during which every one of the target's residents waits, or,
+    where `move` is a KV pull, the transfer, during which only the moved trajectory
+    waits; plus up to a control period off both engines while the hand-off runs.
     """
+    saved = _saving(context, decoded, source, target)
+    return saved is not None and saved > _move_cost(context, target, move) + period_s
+
+
+def _saving(
+    context: int, decoded: int, source: WorkingWorker, target: WorkingWorker
+) -> float | None:
+    """Decode seconds a move saves (`worth_moving`); None when a step cost is unknown."""
     src, tgt = source.cost, target.cost
     if src is None or tgt is None:
-        return False
-    saved = decoded * (
+        return None
+    return decoded * (
         src.step_s(source.count, source.used) - tgt.step_s(target.count + 1, target.used + context)
     )
+
+
+def _move_cost(context: int, target: WorkingWorker, move: Move | None) -> float:
+    """Trajectory-seconds a move costs (`worth_moving`); never negative."""
     if move is not None and move.kind == "kv":
-        cost = move.seconds
-    else:
-        cost = tgt.prefill_s(context) * (target.count + 1)
-    return saved > cost + period_s
+        return move.seconds
+    assert target.cost is not None
+    return target.cost.prefill_s(context) * (target.count + 1)
 
 
 def lift_tail(
@@ -101,13 +112,14 @@ def lift_tail(
     `LOOKS` candidates a target are looked at in a cycle, so a pool whose tail cannot move
     costs little to plan.
     """
-    targets = [w for w in workers if w.accepting and w.cost is not None and _slack(w) > 0]
+    slack = {w.id: _slack(w) for w in workers if w.accepting and w.cost is not None}
+    targets = [w for w in workers if slack.get(w.id, 0) > 0]
     if not targets:
         return 0
     # The longest trajectory any target of this rank or a higher one could take.
     best_slack: dict[int, int] = {}
     for t in targets:
-        best_slack[t.affinity] = max(best_slack.get(t.affinity, 0), _slack(t))
+        best_slack[t.affinity] = max(best_slack.get(t.affinity, 0), slack[t.id])
     reach: dict[int, int] = {}
     for rank in sorted(best_slack, reverse=True):
         reach[rank] = max(best_slack[rank], max(reach.values(), default=0))
@@ -135,7 +147,7 @@ def lift_tail(
     by_rank: dict[tuple[int, str], list[tuple[int, str, int, WorkingWorker]]] = {}
     for w in targets:
         part = (w.view.transfer_group or "") if split else ""
-        by_rank.setdefault((w.affinity, part), []).append((-_slack(w), w.id, 0, w))
+        by_rank.setdefault((w.affinity, part), []).append((-slack[w.id], w.id, 0, w))
     classes = sorted(by_rank, reverse=True)
     for heap in by_rank.values():
         heapq.heapify(heap)
@@ -157,8 +169,12 @@ def lift_tail(
             target = heap[0][3]
             if target is source:
                 continue
+            # worth_moving, with the move priced only when the saving exceeds a period.
+            saved = _saving(context, decoded, source, target)
+            if saved is None or saved <= period_s:
+                continue
             move = None if moves is None else moves.between(context, source.view, target.view)
-            if not worth_moving(context, decoded, source, target, period_s, move=move):
+            if saved <= _move_cost(context, target, move) + period_s:
                 continue
             at = next(i for i, r in enumerate(source.residents) if r.id == rid)
             source.pop(at, min_decode)

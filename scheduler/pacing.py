@@ -92,9 +92,10 @@ class _FitIndex:
     def __bool__(self) -> bool:
         return any(self._tiers)
 
-    def _top(self, context: int) -> tuple[int, int, WorkingWorker] | None:
-        """(tier, key, worker) of the best worker for `context`. A worker changes only
-        through this index during a pass (`reposition`), so the key on top is current."""
+    def fit_key(self, context: int) -> tuple[int, int, WorkingWorker] | None:
+        """(tier, fit, worker) of the best worker for `context`; None if none. A worker
+        changes only through this index during a pass (`reposition`), so the key on top
+        is current."""
         open_, bound = self._tiers
         while open_:
             top = open_[0]
@@ -113,18 +114,6 @@ class _FitIndex:
                 return 1, top[0], worker
             heapq.heappop(bound)
         return None
-
-    def best(self, context: int) -> WorkingWorker | None:
-        top = self._top(context)
-        return None if top is None else top[2]
-
-    def fit_key(self, context: int) -> tuple[tuple[int, int], WorkingWorker] | None:
-        """(tier, fit) of the best worker for `context`, and the worker; None if none."""
-        top = self._top(context)
-        if top is None:
-            return None
-        tier, key, worker = top
-        return (tier, key), worker
 
     def _entry(self, tier: int, worker: WorkingWorker) -> tuple[int, str, WorkingWorker]:
         if tier == 0:
@@ -225,17 +214,17 @@ def _choose(
     """The index and worker the fit rule picks for `item` among `allowed`: the best fit
     over all of them; among equally tight fits a departed trajectory goes where the move
     is cheapest (a KV pull first, `moves.py`), then to the newer version, then by id."""
-    best: tuple[tuple[int, int], _FitIndex, WorkingWorker] | None = None
+    best: tuple[int, int] | None = None
     tied: list[tuple[_FitIndex, WorkingWorker]] = []
     for ix in allowed:
         found = ix.fit_key(context)
         if found is None:
             continue
-        key, worker = found
-        if best is None or key < best[0]:
-            best, tied = (key, ix, worker), [(ix, worker)]
-        elif key == best[0]:
-            tied.append((ix, worker))
+        key = (found[0], found[1])
+        if best is None or key < best:
+            best, tied = key, [(ix, found[2])]
+        elif key == best:
+            tied.append((ix, found[2]))
     if best is None:
         return None
     if len(tied) == 1:

@@ -14,7 +14,7 @@ import math
 from _operator import le
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterator, Sequence
-from itertools import compress, repeat
+from itertools import accumulate, compress, repeat
 
 from cadence.scheduler.cost import StepCost
 from cadence.scheduler.snapshot import Knobs, Resident, WorkerView
@@ -72,7 +72,7 @@ class WorkingWorker:
         # that only receives work this cycle never copies the snapshot's residents.
         self._added: list[Resident] = []
         self._popped: list[int] = []  # contexts of evictable residents popped this cycle
-        self._below: tuple[int, int, Sequence[int]] | None = None
+        self._below: tuple[int, int, Sequence[int], Sequence[int]] | None = None
         self.source = False
         # Accepting: may receive placements this cycle (not draining, not advancing,
         # not a concentration source, holds weights).
@@ -153,17 +153,31 @@ class WorkingWorker:
                 return i
         return None
 
-    def evictable_below(self, context: int, min_decode: int) -> Sequence[int]:
-        """Contexts (ascending) of the residents shorter than `context` that are past the
-        anti-thrash minimum: the ones the concentration rule may displace for it.
+    def evictable_below(
+        self, context: int, min_decode: int
+    ) -> tuple[Sequence[int], Sequence[int], int]:
+        """The residents the concentration rule may displace for a trajectory of
+        `context`: those shorter than it and past the anti-thrash minimum. Returned as
+        (contexts ascending, their running sums from 0, k): the first k contexts are
+        those residents (the list may run on past them) and the k-th sum their KV.
 
         Read from the snapshot's arrays, less what this cycle has popped; a resident
         `add`ed this cycle has decoded nothing, so it never qualifies.
         """
+        found, sums = self._evictable(context, min_decode)
+        return found, sums, bisect_left(found, context)
+
+    def freeable_below(self, context: int, min_decode: int) -> int:
+        """KV freed by evicting every evictable resident shorter than `context`."""
+        _, sums, k = self.evictable_below(context, min_decode)
+        return sums[k]
+
+    def _evictable(self, context: int, min_decode: int) -> tuple[Sequence[int], Sequence[int]]:
+        """The evictable contexts ascending, covering every one below `context`, and
+        their running sums from 0 (one more entry)."""
         cached = self._below
         if cached is not None and context <= cached[0] and cached[1] == len(self._popped):
-            shorter = cached[2]
-            return shorter[: bisect_left(shorter, context)]
+            return cached[2], cached[3]
         view = self.view
         k = bisect_left(view.contexts_ascending, context)
         found: Sequence[int]
@@ -178,9 +192,10 @@ class WorkingWorker:
             for c in popped:
                 del remaining[bisect_left(remaining, c)]
             found = remaining
+        sums = tuple(accumulate(found, initial=0))
         # Callers ask for ever shorter bounds as they walk P_v down: keep the widest.
-        self._below = (context, len(self._popped), found)
-        return found
+        self._below = (context, len(self._popped), found, sums)
+        return found, sums
 
     def longest_first_within(self, most: int, min_decode: int) -> Iterator[Resident]:
         """Its evictable residents of at most `most` tokens, longest first, as of now
@@ -203,10 +218,6 @@ class WorkingWorker:
             old_enough = map(le, repeat(min_decode), view.decoded_ascending)
             total = sum(compress(view.contexts_ascending, old_enough))
         return total - sum(self._popped)
-
-    def freeable_below(self, context: int, min_decode: int) -> int:
-        """KV freed by evicting every evictable resident shorter than `context`."""
-        return sum(self.evictable_below(context, min_decode))
 
     def pop(self, index: int, min_decode: int) -> Resident:
         resident = self._own().pop(index)

@@ -260,7 +260,8 @@ class ModelledEngine:
                 skipped.append(request)
                 continue
             # Room for its KV and one step of growth for everyone running.
-            if self.running_kv() + request.context + len(self._running) + 1 > self.capacity:
+            n = len(self._running)
+            if self._anchor_sum + n * self.steps + request.context + n + 1 > self.capacity:
                 self._waiting.appendleft(request)
                 break
             self._waiting_kv -= request.context
@@ -322,8 +323,9 @@ class ModelledEngine:
         # grows with k: the first k that reaches `seconds` is the answer, and the cap
         # when none below it does (the search ends there).
         model = self._step_model(n, kv)
-        lo, hi = 1, max(1, cap)
-        guess = min(hi, max(lo, _steps_guess(seconds, *model)))
+        lo, hi = 1, cap if cap > 1 else 1
+        guess = _steps_guess(seconds, *model)
+        guess = hi if guess > hi else lo if guess < lo else guess
         at_guess = _steps_time(guess, *model)
         if at_guess >= seconds:
             if guess == lo or _steps_time(guess - 1, *model) < seconds:
@@ -353,24 +355,27 @@ class ModelledEngine:
                 ready = [w.ready_at for w in self._waiting if w.ready_at > self.time]
                 self.time = min([until, *ready]) if ready else until
                 continue
-            n = len(self._running)
-            kv = self.running_kv()
-            while self._stops and self._stops[0][2] not in self._running:
-                heapq.heappop(self._stops)
-            to_stop = self._stops[0][0] - self.steps
-            to_full = (self.capacity - kv) // n
+            running, heap = self._running, self._stops
+            n = len(running)
+            kv = self._anchor_sum + n * self.steps  # running_kv()
+            while heap and heap[0][2] not in running:
+                heapq.heappop(heap)
+            to_stop = heap[0][0] - self.steps
+            to_full = (self.deployment.kv_capacity_tokens - kv) // n
             if to_full < 1:
                 self._preempt_newest()
                 continue
-            k, seconds = self._steps_and_time(until - self.time, n, kv, min(to_stop, to_full))
+            k, seconds = self._steps_and_time(
+                until - self.time, n, kv, to_stop if to_stop < to_full else to_full
+            )
             self.time += seconds
-            self.steps += k
+            steps = self.steps = self.steps + k
             self.changes += 1
             self.decoded_tokens += k * n
-            while self._stops and self._stops[0][0] <= self.steps:
-                _, _, rid = heapq.heappop(self._stops)
-                entry = self._running.get(rid)
-                if entry is None or entry.anchor_step + entry.request.to_go != self.steps:
+            while heap and heap[0][0] <= steps:
+                rid = heapq.heappop(heap)[2]
+                entry = running.get(rid)
+                if entry is None or entry.anchor_step + entry.request.to_go != steps:
                     continue
                 stops.append(Stop(self.remove(rid), self.time))
         return stops
