@@ -35,6 +35,10 @@ The first `warmup_s` seconds (the pool filling) are run but not measured; then
   work without the waiting. The hosts, the trainer and the loop share this machine's
   cores, so a cycle's wall time includes waiting for hosts that are busy emulating; on
   a cluster the workers run elsewhere and the loop pays its CPU time.
+- `idle_gc_per_cycle`, `idle_gc_ms_max`: how often Python's full garbage collection ran
+  in the idle time after a cycle, and its longest run. The loop runs it there, not
+  inside a cycle (`operator/control/idle_gc.py`); it is in neither `cycle_ms` nor
+  `cpu_ms`, and a run that leaves too little of the period shows as lateness.
 - `cycles_skipped`: cycles that started more than one period after they were due, so a
   whole period passed with no cycle started. A cycle is due one period after the start
   of the one before (`ControlLoop.run` sleeps out the rest of the period, or not at all
@@ -519,6 +523,8 @@ async def _measure(
         "reconcile_ms_p95": p([r.reconcile_ms for r in measured], 0.95),
         "cpu_ms_p50": p([r.cpu_ms for r in measured], 0.5),
         "cpu_ms_p95": p([r.cpu_ms for r in measured], 0.95),
+        "idle_gc_per_cycle": round(sum(r.idle_gc_ms > 0 for r in measured) / max(1, cycles), 2),
+        "idle_gc_ms_max": p([r.idle_gc_ms for r in measured], 1.0),
         "cycles_skipped": sum(x > period_s * 1000 for x in late),
         "late_ms_max": round(max(late, default=0.0), 1),
         "observed_min": min(observed[window["observed"] :], default=0),

@@ -48,3 +48,6 @@ class CycleReport:
     errors: int
     requeued: int
     lost: list[str]
+    # Python's full garbage collection run in the idle time after this cycle (0: none
+    # was due); outside `cycle_ms` (`idle_gc.py`).
+    idle_gc_ms: float = 0.0

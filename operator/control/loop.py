@@ -40,6 +40,7 @@ from cadence.common.clock import loop_time
 from cadence.common.errors import describe
 from cadence.operator.control.apply import ActionApplier
 from cadence.operator.control.config import CycleReport, LoopConfig
+from cadence.operator.control.idle_gc import IdleCollector, collecting_between_cycles
 from cadence.operator.control.ledger_copy import LedgerCopy
 from cadence.scheduler.actions import Action, Evict, EvictReason
 from cadence.scheduler.cost import StepCost, floor_warning
@@ -215,14 +216,21 @@ class ControlLoop(ActionApplier):
 
     async def run(self, done: Callable[[], Awaitable[bool]]) -> None:
         """Cycle every `period_s` until `done()`. A cycle that cannot reach the trainer
-        is skipped and retried next period: the loop outlives a trainer restart."""
-        while not await done():
-            started = self.clock()
-            try:
-                await self.cycle()
-            except (TrainerError, OSError, httpx.TransportError) as e:
-                log.warning("cycle skipped: %s", describe(e))
-            await self.sleep(max(0.0, self.config.period_s - (self.clock() - started)))
+        is skipped and retried next period: the loop outlives a trainer restart. Python's
+        full garbage collection runs between cycles, not inside them (`idle_gc.py`)."""
+        collector = IdleCollector()
+        with collecting_between_cycles():
+            while not await done():
+                started = self.clock()
+                report = None
+                try:
+                    report = await self.cycle()
+                except (TrainerError, OSError, httpx.TransportError) as e:
+                    log.warning("cycle skipped: %s", describe(e))
+                idle_ms = collector.after_cycle(self.config.period_s - (self.clock() - started))
+                if report is not None:
+                    report.idle_gc_ms = idle_ms
+                await self.sleep(max(0.0, self.config.period_s - (self.clock() - started)))
 
     # --- one cycle ---------------------------------------------------------------------
 

@@ -6,6 +6,7 @@ once, each batch trained once into its version, as the ledger shows."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import signal
 import subprocess
@@ -154,6 +155,8 @@ def test_a_trainer_killed_mid_run_resumes_from_its_ledger(run: tuple[Run, Worker
 def test_a_control_loop_replaced_mid_run_rebuilds_its_view(run: tuple[Run, Workers]) -> None:
     r, workers = run
 
+    thresholds = gc.get_threshold()
+
     async def scenario() -> None:
         first = r.loop(workers)
         task = asyncio.create_task(first.run(_consumed_at_least(r, ITERATIONS)))
@@ -162,6 +165,9 @@ def test_a_control_loop_replaced_mid_run_rebuilds_its_view(run: tuple[Run, Worke
         with pytest.raises(asyncio.CancelledError):
             await task
         await first.aclose()
+        # A loop collects the oldest generation itself while it runs (idle_gc.py); a
+        # cancelled one gives the process its thresholds back.
+        assert gc.get_threshold() == thresholds
         second = r.loop(workers)
         await asyncio.wait_for(second.run(_consumed_at_least(r, ITERATIONS)), timeout=RUN_S)
         await second.aclose()
