@@ -240,6 +240,7 @@ class TargetIndex:
             for e in kept:
                 if e[0] is w:
                     pick, stamp = e[1], e[2]
+                    break
             if stamp != self._changes[w.id] or not self._live(pick):
                 pick, stamp = self._pick(w), self._changes[w.id]
             entries.append((w, pick, stamp, w.margin()))

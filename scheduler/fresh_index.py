@@ -7,7 +7,7 @@ simulator, and the control loop through its copy of the ledger) keeps them sorte
 instead, and a batch that did not change shows the same tuple as the period before.
 `frozen()` hands a snapshot the fresh pool itself without copying it: most policies
 never read it whole (Cadence reads only the batches), and a copy of thousands of samples
-every period was 7% of a simulation's time.
+every period is time a simulation need not spend.
 """
 
 from __future__ import annotations

@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from functools import partial
 
 from cadence.scheduler.actions import Action, Evict, EvictReason, Place
 from cadence.scheduler.moves import Move, MoveRule
@@ -59,7 +60,7 @@ def worth_moving(
     target: WorkingWorker,
     period_s: float,
     *,
-    move: Move | None = None,
+    move: Move | Callable[[], Move] | None = None,
 ) -> bool:
     """Does moving a trajectory of `context` tokens, `decoded` of them generated where it
     is, from `source` to `target` pay for itself?
@@ -67,33 +68,28 @@ def worth_moving(
     What is left to decode is unknown; what it has decoded here stands for it (a
     trajectory that has run long tends to run on, and one that has barely started, or a
     short answer, is not worth a move). The move saves that many steps' difference in
-    step time (`_saving`) and costs, as trajectory-seconds lost, a prefill of the whole
-    context on the target, during which every one of the target's residents waits, or,
-    where `move` is a KV pull, the transfer, during which only the moved trajectory
-    waits; plus up to a control period off both engines while the hand-off runs.
+    step time and costs, as trajectory-seconds lost, a prefill of the whole context on
+    the target, during which every one of the target's residents waits, or, where `move`
+    is a KV pull, the transfer, during which only the moved trajectory waits; plus up to
+    a control period off both engines while the hand-off runs. `move` may be a function
+    that prices it: it is called only when the saving exceeds the period, as a move
+    never costs less than nothing.
     """
-    saved = _saving(context, decoded, source, target)
-    return saved is not None and saved > _move_cost(context, target, move) + period_s
-
-
-def _saving(
-    context: int, decoded: int, source: WorkingWorker, target: WorkingWorker
-) -> float | None:
-    """Decode seconds a move saves (`worth_moving`); None when a step cost is unknown."""
     src, tgt = source.cost, target.cost
     if src is None or tgt is None:
-        return None
-    return decoded * (
+        return False
+    saved = decoded * (
         src.step_s(source.count, source.used) - tgt.step_s(target.count + 1, target.used + context)
     )
-
-
-def _move_cost(context: int, target: WorkingWorker, move: Move | None) -> float:
-    """Trajectory-seconds a move costs (`worth_moving`); never negative."""
+    if saved <= period_s:
+        return False
+    if callable(move):
+        move = move()
     if move is not None and move.kind == "kv":
-        return move.seconds
-    assert target.cost is not None
-    return target.cost.prefill_s(context) * (target.count + 1)
+        cost = move.seconds
+    else:
+        cost = tgt.prefill_s(context) * (target.count + 1)
+    return saved > cost + period_s
 
 
 def lift_tail(
@@ -169,12 +165,10 @@ def lift_tail(
             target = heap[0][3]
             if target is source:
                 continue
-            # worth_moving, with the move priced only when the saving exceeds a period.
-            saved = _saving(context, decoded, source, target)
-            if saved is None or saved <= period_s:
-                continue
-            move = None if moves is None else moves.between(context, source.view, target.view)
-            if saved <= _move_cost(context, target, move) + period_s:
+            price = (
+                None if moves is None else partial(moves.between, context, source.view, target.view)
+            )
+            if not worth_moving(context, decoded, source, target, period_s, move=price):
                 continue
             at = next(i for i, r in enumerate(source.residents) if r.id == rid)
             source.pop(at, min_decode)

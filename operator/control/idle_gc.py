@@ -1,8 +1,9 @@
 """Python's full garbage collection, run in the idle part of a control period.
 
-A loop over a thousand workers holds a few hundred thousand objects (every worker's
-state and residents, every in-flight sample's ledger entry), and a collection of
-CPython's oldest generation walks all of them: 100 to 350 ms on a small machine. Left
+A loop over a thousand workers holds every worker's state and residents and every
+in-flight sample's ledger entry, and a collection of CPython's oldest generation walks
+all of them: hundreds of milliseconds on a small machine (`cadence bench loop` reports
+the longest as `idle_gc_ms_max`). Left
 automatic, it starts whenever allocation crosses a threshold, which is in the middle of
 a cycle, since a cycle is when the loop allocates: that cycle's plan and actions wait
 for it. While a loop runs, the oldest generation is collected only between cycles, as
