@@ -158,9 +158,6 @@ class TargetIndex:
     def _class_of(self, w: WorkingWorker) -> _Class:
         return (w.affinity, (w.view.transfer_group or "") if self._split else "")
 
-    def _allowed(self, p: PendingTrajectory, w: WorkingWorker) -> bool:
-        return self._moves is None or self._moves.allowed(p, w.view)
-
     def _reach_of(self, w: WorkingWorker) -> int:
         return w.margin() + w.evictable_kv(self.min_decode)
 
@@ -180,12 +177,11 @@ class TargetIndex:
             return False
         return w.margin() + w.freeable_below(context, self.min_decode) >= context
 
-    def _next_fit(self, w: WorkingWorker, contexts: Sequence[int], hi: int) -> int:
-        """The largest j < hi such that `w` can take a trajectory of `contexts[j]`
-        (ascending); -1 if none."""
+    def _next_fit(self, w: WorkingWorker, budget: int, contexts: Sequence[int], hi: int) -> int:
+        """The largest j < hi such that `w`, with `budget` of margin, can take a
+        trajectory of `contexts[j]` (ascending); -1 if none."""
         if hi <= 0:
             return -1
-        budget = w.margin()
         cmax = contexts[hi - 1]
         if cmax <= budget:
             return hi - 1  # the longest left fits without displacing anyone
@@ -213,20 +209,23 @@ class TargetIndex:
             freed -= lower
         return -1
 
-    def _pick(self, w: WorkingWorker) -> _Pick | None:
-        """The longest remaining candidate `w` can take, over all streams."""
+    def _pick(self, w: WorkingWorker, budget: int) -> _Pick | None:
+        """The longest remaining candidate `w` (with `budget` of margin) can take, over
+        all streams."""
         if not w.has_seat():
             return None
         best: _Pick | None = None
+        left, moves = self._left, self._moves
         for n, (items, contexts) in enumerate(self._streams):
             hi = self._his[n]
             if not hi or (best is not None and contexts[hi - 1] < best[0]):
                 continue
-            j = self._next_fit(w, contexts, hi)
+            j = self._next_fit(w, budget, contexts, hi)
             while j >= 0 and (
-                self._left.get(items[j].id) == w.id or not self._allowed(items[j], w)
+                left.get(items[j].id) == w.id
+                or (moves is not None and not moves.allowed(items[j], w.view))
             ):
-                j = self._next_fit(w, contexts, j)
+                j = self._next_fit(w, budget, contexts, j)
             if j >= 0 and (best is None or (contexts[j], items[j].id) > best[:2]):
                 best = (contexts[j], items[j].id, n, j)
         return best
@@ -241,9 +240,10 @@ class TargetIndex:
                 if e[0] is w:
                     pick, stamp = e[1], e[2]
                     break
+            margin = w.margin()
             if stamp != self._changes[w.id] or not self._live(pick):
-                pick, stamp = self._pick(w), self._changes[w.id]
-            entries.append((w, pick, stamp, w.margin()))
+                pick, stamp = self._pick(w, margin), self._changes[w.id]
+            entries.append((w, pick, stamp, margin))
             if pick is not None:
                 self._pickers.setdefault(pick[1], []).append(rank)
         self._picks[rank] = entries
