@@ -17,7 +17,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import TypeVar, get_args
+from typing import Any, TypeVar, get_args
 
 import yaml
 from pydantic import ValidationError
@@ -36,6 +36,7 @@ from cadence.scheduler.registry import DEFAULT_POLICIES, POLICIES
 from cadence.scheduler.snapshot import Migration
 from cadence.scheduler.wire import SnapshotModel, StateModel, actions_to_json
 from cadence.sim import compare
+from cadence.sim.frontier import frontier
 from cadence.sim.report import document, pool_lines, table
 from cadence.sim.scenario import Scenario
 
@@ -241,6 +242,9 @@ def _cmd_sim(args: argparse.Namespace) -> int:
     settings = _policy_settings(args.param or [])
     if args.jobs < 1:
         raise UsageError(f"--jobs is {args.jobs}; it must be at least 1")
+    if args.frontier and ("cadence" not in names or len(names) < 2):
+        raise UsageError("--frontier compares cadence with other policies: name both in --policies")
+    sweep = args.sweep or args.frontier
 
     out = Console(width=None if sys.stdout.isatty() else 120)
     for line in pool_lines(scenario.deployments()):
@@ -262,29 +266,32 @@ def _cmd_sim(args: argparse.Namespace) -> int:
                     path,
                     values,
                     settings=settings,
-                    sweep=args.sweep,
+                    sweep=sweep,
                     progress=progress,
                     jobs=args.jobs,
                 ),
             )
+        entries = {
+            str(v): document(scenario.name, {}, rs)["policies"] for v, rs in by_value.items()
+        }
+        verdicts = {v: frontier(e).to_json() for v, e in entries.items()} if args.frontier else {}
         for value, rows in by_value.items():
             out.print(table(rows, f"{path} = {value}"))
+            if args.frontier:
+                print(f"frontier: {verdicts[str(value)]['verdict']}")
         if args.json is not None:
-            doc = {
-                "scenario": scenario.name,
-                **timing,
-                "vary": path,
-                "values": {
-                    str(v): document(scenario.name, {}, rs)["policies"]
-                    for v, rs in by_value.items()
-                },
-            }
+            doc: dict[str, Any] = {"scenario": scenario.name, **timing, "vary": path}
+            doc["values"] = entries
+            if args.frontier:
+                doc["frontier"] = verdicts
             args.json.write_text(json.dumps(doc, indent=2) + "\n")
         if args.plots is not None:
             args.plots.mkdir(parents=True, exist_ok=True)
             from cadence.sim import plots  # noqa: PLC0415 (matplotlib: half a second)
 
             print(f"wrote {plots.knob_sweep(path, by_value, args.plots / f'sweep_{path}.png')}")
+            drawn = plots.frontier(path, by_value, args.plots / f"frontier_{path}.png")
+            print(f"wrote {drawn}")
         return 0
 
     trace = scenario.traced_sample() if args.plots is not None else None
@@ -296,15 +303,19 @@ def _cmd_sim(args: argparse.Namespace) -> int:
                 scenario,
                 names,
                 settings,
-                sweep=args.sweep,
+                sweep=sweep,
                 progress=progress,
                 trace=trace,
                 jobs=args.jobs,
             ),
         )
     out.print(table(results, scenario.name))
+    doc = document(scenario.name, timing, results, scenario.deployments())
+    policies: dict[str, Any] = doc["policies"]
+    if args.frontier:
+        doc["frontier"] = frontier(policies).to_json()
+        print(f"frontier: {doc['frontier']['verdict']}")
     if args.json is not None:
-        doc = document(scenario.name, timing, results, scenario.deployments())
         args.json.write_text(json.dumps(doc, indent=2) + "\n")
     if args.plots is not None:
         from cadence.sim import plots  # noqa: PLC0415 (matplotlib: half a second)
@@ -378,6 +389,12 @@ def add_sim(sub: Commands) -> None:
         "--sweep",
         action="store_true",
         help="run each baseline over its unknown parameters and report its best setting",
+    )
+    s.add_argument(
+        "--frontier",
+        action="store_true",
+        help="say whether another policy beats Cadence on both throughput and P95 at "
+        "equal staleness, and which (sweeps the baselines; needs cadence and a baseline)",
     )
     s.add_argument(
         "--jobs",

@@ -89,6 +89,7 @@ def run(
                     "settings": r.extras["settings"],
                     "throughput_tok_s": r.throughput_tok_s,
                     "latency_p95_s": r.latency_p95_s,
+                    "max_version_lag": r.max_version_lag,
                 }
                 for r in tried
             ]

@@ -33,6 +33,11 @@ SWEEP_CAPTION = (
     "Throughput (left) and P95 latency (right) at each value of the setting: a value "
     "worth choosing raises the left without raising the right."
 )
+FRONTIER_CAPTION = (
+    "Throughput against P95 latency, one point per value of the setting (labelled on "
+    "Cadence's line), faint points for every setting a baseline's sweep tried: "
+    "lower right is better, and a point up and to the left of another loses to it on both."
+)
 
 
 def _smoothed(values: list[float], window: int) -> list[float]:
@@ -107,6 +112,39 @@ def long_trajectory(results: list[Result], path: Path) -> Path:
     progress.set_xlabel("seconds since its first step")
     progress.set_ylabel("tokens generated")
     captioned(fig, TRAJECTORY_CAPTION)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def frontier(path_name: str, by_value: dict[object, list[Result]], path: Path) -> Path:
+    """Each policy's (throughput, P95) at each value of one setting: the trade the
+    setting moves along, beside the baselines' points."""
+    values = list(by_value)
+    policies = [r.policy for r in by_value[values[0]]]
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for i, name in enumerate(policies):
+        runs = [by_value[v][i] for v in values]
+        xs = [r.throughput_tok_s for r in runs]
+        ys = [r.latency_p95_s for r in runs]
+        (line,) = ax.plot(xs, ys, marker="o", label=name, linewidth=2 if i == 0 else 1)
+        if name == "cadence":
+            for v, x, y in zip(values, xs, ys, strict=True):
+                ax.annotate(str(v), (x, y), textcoords="offset points", xytext=(4, 4))
+        tried = [t for r in runs for t in r.extras.get("sweep", ())]
+        if tried:
+            ax.scatter(
+                [t["throughput_tok_s"] for t in tried],
+                [t["latency_p95_s"] for t in tried],
+                color=line.get_color(),
+                alpha=0.3,
+                s=12,
+            )
+    ax.set_xlabel("decode tokens/s")
+    ax.set_ylabel("P95 latency (s)")
+    ax.set_title(f"Throughput and P95 latency along {path_name}")
+    ax.legend()
+    captioned(fig, FRONTIER_CAPTION)
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path

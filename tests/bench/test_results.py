@@ -37,6 +37,27 @@ def test_the_tables_quote_each_run_with_its_bound_and_lag(tmp_path: Path) -> Non
     assert f"| {change:+.0f}% |" in row
     assert f"laminar {laminar.max_version_lag}" in row
     assert "Laminar as its paper ran it" in text
-    native_row = [line for line in text.splitlines() if line.startswith("| tiny-16A16B8H | ")][1]
+    native_section = text.split("Laminar as its paper ran it")[1]
+    native_row = next(
+        line for line in native_section.splitlines() if line.startswith("| tiny-16A16B8H | ")
+    )
     assert f"{native[0].max_version_lag}, {native[1].max_version_lag} |" in native_row
     assert "| laminar |  |" in text and f"| 1/{laminar.max_version_lag} |" in text
+
+    # The frontier row names every run within the bound that beats Cadence on both.
+    beaten = sorted(
+        (r for r in results if r.policy != "cadence" and r.max_version_lag <= 1),
+        key=lambda r: -r.throughput_tok_s,
+    )
+    beaten = [
+        r
+        for r in beaten
+        if r.throughput_tok_s > cadence.throughput_tok_s
+        and r.latency_p95_s <= cadence.latency_p95_s
+    ]
+    frontier_row = text.split("## The frontier at equal staleness")[1].splitlines()[4]
+    assert frontier_row.startswith("| tiny-16A16B8H | 1 | ")
+    assert frontier_row.endswith(f"| {', '.join(r.policy for r in beaten) or 'none'} |")
+    summary = json.loads(text.split("```json\n")[1].split("\n```")[0])
+    assert summary["pools"] == 1
+    assert summary["dominated"] == (["tiny-16A16B8H"] if beaten else [])
