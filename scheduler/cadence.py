@@ -160,6 +160,7 @@ class CadencePolicy:
                 out=actions,
                 fit=self.fit,
                 moves=moves,
+                room=knobs.max_model_len,
             )
         if self.lift:
             for version, members in pacing_workers.items():

@@ -59,70 +59,120 @@ def _key(item: Candidate) -> tuple[int, str]:
     return (_context(item), item.id)
 
 
+# (key, then a second key, worker id, worker): what a tier orders its workers by.
+_Entry = tuple[int, int, str, WorkingWorker]
+
+
 class _FitIndex:
-    """Workers of one version ordered for the fit rule, in two tiers, with permanent
+    """Workers of one version ordered for the fit rule, in three tiers, with permanent
     discards.
 
-    Tier 0 holds the workers whose decode is still memory-bound with one more trajectory,
-    ordered by fit; tier 1 those it would tip into compute-bound, fewest residents first.
-    A worker moves to tier 1 the first time the candidate at hand would tip it, for the
-    rest of the pass. So tight fit fills a worker up to where its decode turns
-    compute-bound and then goes on to the next; once every worker is there, work is
-    spread evenly, since a compute-bound worker's throughput no longer grows with its
-    batch but every resident's step time does. Where KV binds first (every worker stays
-    in tier 0) it is the paper's tight fit unchanged.
+    Tier 0 holds the workers short of room: after taking the candidate they could no
+    longer take a trajectory of the longest context any may reach (`Knobs.max_model_len`)
+    on top of their floor and reserve. They are ordered by fit, and go first: this is the
+    paper's tight fit, which fills the smallest gap and keeps the larger ones for long
+    work. Tier 1 holds the roomy workers, which would keep that much room. Among them no
+    gap needs keeping, since no trajectory can need more: filling one only slows every
+    step of its residents while the workers passed over step emptier. So they are
+    ordered by the time their step would take with one more resident, fastest first,
+    which spreads work over them and onto the faster devices.
+    A roomy worker moves to tier 0 the first time the candidate at hand would take that
+    room. Tier 2 holds the workers whose decode one more trajectory would tip into
+    compute-bound, fewest residents first: a worker moves there the first time the
+    candidate at hand would tip it. So where KV is scarce the fit is the paper's, up to
+    where decode turns compute-bound; where KV is to spare work goes where it decodes
+    fastest; and once every worker is compute-bound it is spread evenly, since such a
+    worker's throughput no longer grows with its batch but every resident's step time
+    does. A worker whose step cost is unknown is never roomy, nor is any when the longest
+    context is unknown: then it is the paper's tight fit.
 
     Candidates arrive in ascending context, and during a pass a worker's slack
     (H_w - floor - delta * |A_w|) and free seats only fall. So a worker that cannot take
     the current candidate cannot take any later one either, and is dropped for the rest
-    of the pass. That makes the pass O((P + W) log W) instead of O(P * W).
+    of the pass; a worker short of room stays so. That makes the pass O((P + W) log W)
+    instead of O(P * W).
     """
 
-    __slots__ = ("_sign", "_tiers", "version")
+    __slots__ = ("_room", "_sign", "_tiers", "version")
 
-    def __init__(self, version: int, workers: Iterable[WorkingWorker], fit: Fit) -> None:
+    def __init__(
+        self,
+        version: int,
+        workers: Iterable[WorkingWorker],
+        fit: Fit,
+        room: int | None = None,
+    ) -> None:
         self.version = version
         self._sign = 1 if fit == "tight" else -1
-        self._tiers: tuple[list[tuple[int, str, WorkingWorker]], ...] = (
-            [(self._sign * w.headroom, w.id, w) for w in workers],
-            [],
-        )
-        heapq.heapify(self._tiers[0])
+        # The worst-fit ablation is the paper's, without the roomy tier.
+        self._room = room if fit == "tight" else None
+        tight: list[_Entry] = []
+        roomy: list[_Entry] = []
+        for w in workers:
+            if self._roomy_with(w, 0):
+                roomy.append(self._entry(1, w))
+            else:
+                tight.append(self._entry(0, w))
+        heapq.heapify(tight)
+        heapq.heapify(roomy)
+        bound: list[_Entry] = []
+        self._tiers = (tight, roomy, bound)
 
     def __bool__(self) -> bool:
         return any(self._tiers)
 
+    def _roomy_with(self, worker: WorkingWorker, context: int) -> bool:
+        """Would `worker`, having taken `context`, still have room for the longest?"""
+        if self._room is None or worker.cost is None:
+            return False
+        n = worker.count + 1
+        slack = worker.headroom - context - worker.floor(n) - worker.reserve * n
+        return slack >= self._room
+
     def fit_key(self, context: int) -> tuple[int, int, WorkingWorker] | None:
-        """(tier, fit, worker) of the best worker for `context`; None if none. A worker
+        """(tier, key, worker) of the best worker for `context`; None if none. A worker
         changes only through this index during a pass (`reposition`), so the key on top
         is current."""
-        open_, bound = self._tiers
-        while open_:
-            top = open_[0]
-            worker = top[2]
+        tight, roomy, bound = self._tiers
+        while tight or roomy:
+            if tight:
+                worker = tight[0][3]
+                if not worker.can_take(context):
+                    heapq.heappop(tight)
+                elif worker.saturated_with(context):
+                    heapq.heappush(bound, self._entry(2, heapq.heappop(tight)[3]))
+                else:
+                    return 0, tight[0][0], worker
+                continue
+            worker = roomy[0][3]
             if not worker.can_take(context):
-                heapq.heappop(open_)
+                heapq.heappop(roomy)
             elif worker.saturated_with(context):
-                heapq.heappop(open_)
-                heapq.heappush(bound, self._entry(1, worker))
+                heapq.heappush(bound, self._entry(2, heapq.heappop(roomy)[3]))
+            elif not self._roomy_with(worker, context):
+                heapq.heappush(tight, self._entry(0, heapq.heappop(roomy)[3]))
             else:
-                return 0, top[0], worker
+                return 1, roomy[0][0], worker
         while bound:
             top = bound[0]
-            worker = top[2]
+            worker = top[3]
             if worker.can_take(context):
-                return 1, top[0], worker
+                return 2, top[0], worker
             heapq.heappop(bound)
         return None
 
-    def _entry(self, tier: int, worker: WorkingWorker) -> tuple[int, str, WorkingWorker]:
+    def _entry(self, tier: int, worker: WorkingWorker) -> _Entry:
         if tier == 0:
-            return (self._sign * worker.headroom, worker.id, worker)
-        return (worker.count, worker.id, worker)
+            return (self._sign * worker.headroom, 0, worker.id, worker)
+        if tier == 1:  # equal steps (a flat cost) go to the fewer residents
+            assert worker.cost is not None
+            step = worker.cost.step_s(worker.count + 1, worker.used)
+            return (round(step * 1e9), worker.count, worker.id, worker)
+        return (worker.count, 0, worker.id, worker)
 
     def reposition(self, worker: WorkingWorker) -> None:
         for tier, heap in enumerate(self._tiers):
-            if heap and heap[0][2] is worker:
+            if heap and heap[0][3] is worker:
                 heapq.heapreplace(heap, self._entry(tier, worker))
                 return
 
@@ -136,6 +186,7 @@ def place_by_fit(
     out: list[Action],
     fit: Fit = "tight",
     moves: MoveRule | None = None,
+    room: int | None = None,
 ) -> None:
     """Placement rule (pacing): shortest first, each onto the tightest feasible worker.
 
@@ -145,9 +196,12 @@ def place_by_fit(
     first keeps the large gaps for long work. A pending trajectory may go only to workers
     of its own version; a fresh sample of batch u to any version >= u - eta, and it binds
     to the version of the worker that takes it. Among feasible workers the one with the
-    smallest headroom after placement wins (tight fit), preferring a worker whose decode
-    stays memory-bound with it (see `_FitIndex`). `fit="worst"` picks the largest
-    instead; it exists only as the paper's ablation and is never the default.
+    smallest headroom after placement wins (tight fit) among the workers short of room
+    for a trajectory of `room` tokens (the longest any may reach); a worker with that
+    much to spare takes work only after them, fastest step first, and a worker whose
+    decode one more trajectory would tip into compute-bound last (see `_FitIndex`).
+    `fit="worst"` picks the largest instead; it exists only as the paper's ablation and
+    is never the default.
 
     With a move rule (`moves`), workers are indexed per version and transfer group: among
     equally tight fits a departed trajectory takes the one it moves to most cheaply (a
@@ -162,7 +216,7 @@ def place_by_fit(
         for w in ws:
             group = w.view.transfer_group if moves is not None else None
             parts.setdefault((v, group or ""), []).append(w)
-    indexes = {key: _FitIndex(key[0], ws, fit) for key, ws in parts.items()}
+    indexes = {key: _FitIndex(key[0], ws, fit, room) for key, ws in parts.items()}
     of_version: dict[int, list[_FitIndex]] = {}
     for key in sorted(indexes, key=lambda k: (-k[0], k[1])):
         of_version.setdefault(key[0], []).append(indexes[key])

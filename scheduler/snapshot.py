@@ -252,6 +252,10 @@ class Knobs:
     its step cost and `control_period_s` (see `thresholds`); `h_min` and `delta` are then
     what sizes the pool (every worker holds max_model_len + h_min + delta) and what a
     worker of unknown cost gets.
+
+    max_model_len: the longest context a trajectory may reach (the pool's largest), when
+    known: a worker with more room than that to spare keeps a gap no trajectory needs,
+    so the fit rule spreads work over such workers (`pacing._FitIndex`).
     """
 
     h_min: int
@@ -263,6 +267,7 @@ class Knobs:
     auto_delta: bool = False
     control_period_s: float = 1.0
     migration: Migration = "auto"
+    max_model_len: int | None = None
 
     def __post_init__(self) -> None:
         if self.h_min < 0:
@@ -271,6 +276,8 @@ class Knobs:
             raise ConfigError(f"delta is {self.delta}; it must be >= 0")
         if self.eta < 0:
             raise ConfigError(f"eta is {self.eta}; it must be >= 0")
+        if self.max_model_len is not None and self.max_model_len < 1:
+            raise ConfigError(f"max_model_len is {self.max_model_len}; it must be >= 1")
         if self.min_decode < 1:
             raise ConfigError(
                 f"the anti-thrash minimum is {self.min_decode}; it must be >= 1 "
@@ -293,6 +300,7 @@ class Knobs:
         concentrate_without_fresh: bool,
         control_period_s: float,
         migration: Migration = "auto",
+        max_model_len: int | None = None,
     ) -> Knobs:
         """Knobs from a spec whose floor and reserve are pinned tokens or "auto": auto is
         derived per worker each cycle, and `sizing` (floor, reserve) sizes the pool."""
@@ -306,6 +314,7 @@ class Knobs:
             auto_delta=delta == "auto",
             control_period_s=control_period_s,
             migration=migration,
+            max_model_len=max_model_len,
         )
 
 

@@ -75,6 +75,7 @@ class KnobsModel(_Strict):
     min_decode: int = Field(default=64, ge=1)
     concentrate_without_fresh: bool = False
     migration: Migration = "auto"
+    max_model_len: int | None = Field(default=None, ge=1)
 
 
 class TransferModel(_Strict):

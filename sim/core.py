@@ -14,6 +14,7 @@ says what is stuck, rather than spinning to the time limit.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import statistics
 from collections.abc import Callable, Sequence
@@ -84,7 +85,7 @@ class Simulation:
                 )
         w = scenario.workload
         s = scenario.scheduling
-        self.knobs = s.knobs()
+        self.knobs = dataclasses.replace(s.knobs(), max_model_len=scenario.max_model_len)
         capacities = {wk.group: wk.deployment.kv_capacity_tokens for wk in self.workers.values()}
         check_no_stranding(capacities, scenario.max_model_len, self.knobs)
         self.total_groups = w.iterations * w.prompts_per_batch

@@ -14,7 +14,7 @@ from __future__ import annotations
 from cadence.common.catalog import MODELS
 from cadence.common.physics import TP_DEGREES, kv_capacity_tokens
 from cadence.operator.api.resources import PoolGroup, ResourceError, RolloutPool, TrainingRun
-from cadence.operator.api.settings import knobs_of
+from cadence.operator.api.settings import knobs_of, longest_trajectory
 from cadence.scheduler.errors import StrandingError
 from cadence.scheduler.validation import check_no_stranding, required_capacity
 from cadence.sim.scenario import Group
@@ -34,11 +34,6 @@ def sim_group(group: PoolGroup, devices: int = 1, plan: tuple[int, int] | None =
         tensor_parallel=None if plan is None else plan[0],
         kv_tokens=None if plan is None else plan[1],
     )
-
-
-def longest_trajectory(pool: RolloutPool) -> int:
-    """A trajectory may grow to the largest `max_model_len` of any group, then move."""
-    return max(g.engine.max_model_len for g in pool.spec.groups)
 
 
 def group_plans(pool: RolloutPool, run: TrainingRun) -> dict[str, tuple[int, int]]:

@@ -6,15 +6,21 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from cadence.operator.api.resources import SIZING_DELTA, SIZING_H_MIN, TrainingRun
+from cadence.operator.api.resources import SIZING_DELTA, SIZING_H_MIN, RolloutPool, TrainingRun
 from cadence.scheduler.registry import POLICIES
 from cadence.scheduler.snapshot import Knobs
 from cadence.sim.budgets import Budgets
 from cadence.trainer.config import TrainerConfig
 
 
-def knobs_of(run: TrainingRun) -> Knobs:
-    """The scheduler's knobs for `run` (auto floor and reserve sized as workers are)."""
+def longest_trajectory(pool: RolloutPool) -> int:
+    """A trajectory may grow to the largest `max_model_len` of any group, then move."""
+    return max(g.engine.max_model_len for g in pool.spec.groups)
+
+
+def knobs_of(run: TrainingRun, pool: RolloutPool | None = None) -> Knobs:
+    """The scheduler's knobs for `run` (auto floor and reserve sized as workers are), on
+    `pool` (its longest trajectory) when given."""
     s = run.spec.scheduler
     return Knobs.from_spec(
         s.h_min,
@@ -25,6 +31,7 @@ def knobs_of(run: TrainingRun) -> Knobs:
         concentrate_without_fresh=s.concentrate_without_fresh,
         control_period_s=s.control_period_s,
         migration=s.migration,
+        max_model_len=None if pool is None else longest_trajectory(pool),
     )
 
 

@@ -240,7 +240,7 @@ class RunReconciler(ReconcilerBase):
         loop = ControlLoop(
             POLICIES[s.policy](),
             LoopConfig(
-                knobs=knobs_of(run),
+                knobs=knobs_of(run, pool),
                 period_s=s.control_period_s,
                 max_tool_calls=run.spec.multi_turn.max_tool_calls,
                 budgets=budgets_of(run),

@@ -181,7 +181,7 @@ async def run(
         if config.task == "external":
             _invite(workdir, trainer_url, token, model, config)
         await sup.start_pool(workers, options.hosts)
-        knobs = dataclasses.replace(knobs_of(training), migration=migration)
+        knobs = dataclasses.replace(knobs_of(training, pool), migration=migration)
         client = TrainerClient(trainer_url, token)
         started, wall_started = time.monotonic(), time.time()
         timeline: list[Sample] = []

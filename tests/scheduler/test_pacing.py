@@ -219,6 +219,48 @@ def test_where_kv_binds_first_tight_fit_is_unchanged() -> None:
     assert per == {"w0": 20, "w1": 5}  # the tightest fills first, the roomiest stays free
 
 
+def test_workers_with_room_to_spare_for_the_longest_trajectory_share_work() -> None:
+    # 10 ms a step whatever the batch, and room for 90 trajectories of the longest
+    # context (1,000 tokens) each: a gap kept on either is one no trajectory can need.
+    flat = make_cost(weights_ms=10.0, seq_ms=0.001)
+    workers = [make_worker(f"w{i}", capacity=100_000 + i, cost=flat) for i in range(2)]
+    fresh = _fresh_batch(20)
+    known = make_knobs(max_model_len=1_000)
+    snap = make_snapshot(workers, fresh=fresh, knobs=known, admitted=1, total_groups=1)
+    assert Counter(placed_on(plan(snap)[0]).values()) == {"w0": 10, "w1": 10}
+    # With the longest context unknown, it is the paper's tight fit: the tighter fills.
+    snap = make_snapshot(workers, fresh=fresh, admitted=1, total_groups=1)
+    assert Counter(placed_on(plan(snap)[0]).values()) == {"w0": 20}
+
+
+def test_a_worker_short_of_room_for_the_longest_trajectory_is_filled_first() -> None:
+    # "short" can take short work, but then not a trajectory of max_model_len as well:
+    # its gap is the one tight fit fills (ten of 100 tokens), keeping the roomy worker
+    # for what needs it.
+    flat = make_cost(weights_ms=10.0, seq_ms=0.001)
+    short = make_worker("short", capacity=1_050, cost=flat)
+    roomy = make_worker("roomy", capacity=100_000, cost=flat)
+    knobs = make_knobs(max_model_len=1_000)
+    snap = make_snapshot(
+        [short, roomy], fresh=_fresh_batch(12), knobs=knobs, admitted=1, total_groups=1
+    )
+    assert Counter(placed_on(plan(snap)[0]).values()) == {"short": 10, "roomy": 2}
+
+
+def test_with_room_to_spare_work_goes_to_the_faster_step() -> None:
+    # Two roomy workers, each resident of 1,000 tokens adding 1 ms to a step: the fast
+    # one (50 ms a step) takes work until its step would pass the slow one's (100 ms),
+    # though the slow one is the tighter fit.
+    fast = make_worker("fast", capacity=200_000, cost=make_cost(weights_ms=50, kv_token_us=1))
+    slow = make_worker("slow", capacity=150_000, cost=make_cost(weights_ms=100, kv_token_us=1))
+    fresh = [make_fresh(f"f{i:02d}", prompt=1_000) for i in range(30)]
+    knobs = make_knobs(max_model_len=2_000)
+    snap = make_snapshot([fast, slow], fresh=fresh, knobs=knobs, admitted=1, total_groups=1)
+    assert Counter(placed_on(plan(snap)[0]).values()) == {"fast": 30}
+    snap = make_snapshot([fast, slow], fresh=fresh, admitted=1, total_groups=1)
+    assert Counter(placed_on(plan(snap)[0]).values()) == {"slow": 30}
+
+
 def test_a_departed_trajectory_with_no_room_holds_the_roomiest_worker_from_new_work() -> None:
     # "long" fits nowhere now; fresh work could take both workers' gaps, but the roomier
     # one is held for it, so its gap only grows as its residents finish.

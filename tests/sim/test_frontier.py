@@ -118,11 +118,11 @@ def test_sim_frontier_needs_cadence_and_a_baseline(capsys: pytest.CaptureFixture
 def test_sim_vary_with_frontier_judges_each_value_and_plots_the_trade(tmp_path: Path) -> None:
     out = tmp_path / "out.json"
     argv = ["sim", "--scenario", str(TINY_SCENARIO), "--policies", "cadence,dora"]
-    argv += ["--set", "workload.iterations=2", "--vary", "scheduling.delta=auto,2048"]
+    argv += ["--set", "workload.iterations=2", "--vary", "scheduling.delta=auto,8192"]
     argv += ["--frontier", "--jobs", "1", "--json", str(out), "--plots", str(tmp_path)]
     assert main(argv) == 0
     doc = json.loads(out.read_text())
-    assert set(doc["frontier"]) == {"auto", "2048"}
+    assert set(doc["frontier"]) == {"auto", "8192"}
     for value, verdict in doc["frontier"].items():
         cadence = doc["values"][value]["cadence"]
         assert verdict["reference"] == "cadence"
@@ -132,9 +132,9 @@ def test_sim_vary_with_frontier_judges_each_value_and_plots_the_trade(tmp_path: 
             for d in doc["values"][value]["dora"]["sweep"]
         )
     # The reserve moves Cadence; DORA-like does not read it.
-    cadence_runs = [doc["values"][v]["cadence"]["throughput_tok_s"] for v in ("auto", "2048")]
+    cadence_runs = [doc["values"][v]["cadence"]["throughput_tok_s"] for v in ("auto", "8192")]
     assert cadence_runs[0] != cadence_runs[1]
-    dora_runs = [doc["values"][v]["dora"]["sweep"] for v in ("auto", "2048")]
+    dora_runs = [doc["values"][v]["dora"]["sweep"] for v in ("auto", "8192")]
     assert dora_runs[0] == dora_runs[1]
     png = tmp_path / "frontier_scheduling.delta.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
