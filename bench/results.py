@@ -115,8 +115,8 @@ def frontier_table(docs: dict[str, dict[str, Any]]) -> list[str]:
         out.append(
             f"| {name} | {f.bound} | {ref.throughput_tok_s:,.0f} | {ref.latency_p95_s:,.0f} | "
             f"{fastest} | {top.throughput_tok_s:,.0f} | {top.latency_p95_s:,.0f} | "
-            f"{_pct(ref.throughput_tok_s, top.throughput_tok_s)} | "
-            f"{_pct(ref.latency_p95_s, top.latency_p95_s)} | {dominated} |"
+            f"{(f.throughput_ratio - 1) * 100:+.1f}% | {(f.p95_ratio - 1) * 100:+.1f}% | "
+            f"{dominated} |"
         )
     return out
 

@@ -59,7 +59,8 @@ FreshOrder = Literal["after_pending", "merged"]
 
 @dataclass(frozen=True, slots=True)
 class CadencePolicy:
-    """Cadence's scheduler. `fit="worst"` is the paper's no-tight-fit ablation, for tests.
+    """Cadence's scheduler. `fit="worst"` is the paper's no-tight-fit ablation, for tests;
+    `fit="packed"` the paper's tight fit on every worker, roomy ones included.
 
     `fresh="after_pending"` (the default) places P_v's trajectories before new work is
     started: the paper's cycle "restores headroom, then places pending work into the

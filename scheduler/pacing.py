@@ -20,7 +20,9 @@ from cadence.scheduler.moves import MoveRule
 from cadence.scheduler.snapshot import FreshSample, PendingTrajectory
 from cadence.scheduler.working import WorkingWorker
 
-Fit = Literal["tight", "worst"]
+# tight: the default, tight fit where room is short (see `_FitIndex`); packed: the
+# paper's tight fit on every worker, the roomy ones too; worst: the paper's ablation.
+Fit = Literal["tight", "packed", "worst"]
 Candidate = PendingTrajectory | FreshSample
 
 
@@ -103,8 +105,8 @@ class _FitIndex:
         room: int | None = None,
     ) -> None:
         self.version = version
-        self._sign = 1 if fit == "tight" else -1
-        # The worst-fit ablation is the paper's, without the roomy tier.
+        self._sign = -1 if fit == "worst" else 1
+        # The ablations are the paper's, without the roomy tier.
         self._room = room if fit == "tight" else None
         tight: list[_Entry] = []
         roomy: list[_Entry] = []

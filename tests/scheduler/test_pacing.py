@@ -228,7 +228,11 @@ def test_workers_with_room_to_spare_for_the_longest_trajectory_share_work() -> N
     known = make_knobs(max_model_len=1_000)
     snap = make_snapshot(workers, fresh=fresh, knobs=known, admitted=1, total_groups=1)
     assert Counter(placed_on(plan(snap)[0]).values()) == {"w0": 10, "w1": 10}
-    # With the longest context unknown, it is the paper's tight fit: the tighter fills.
+    # The paper's tight fit on every worker (the `packed` ablation), or the longest
+    # context unknown: the tighter fills.
+    snap = make_snapshot(workers, fresh=fresh, knobs=known, admitted=1, total_groups=1)
+    packed, _ = CadencePolicy(fit="packed").plan(snap, CadenceState())
+    assert Counter(placed_on(packed).values()) == {"w0": 20}
     snap = make_snapshot(workers, fresh=fresh, admitted=1, total_groups=1)
     assert Counter(placed_on(plan(snap)[0]).values()) == {"w0": 20}
 
