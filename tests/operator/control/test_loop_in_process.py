@@ -218,11 +218,20 @@ def test_a_worker_that_answers_but_stops_decoding_has_its_work_requeued_then_rej
             if pool.trainer.ledger.counts().get("delivered", 0) == 8:
                 break
         assert pool.trainer.ledger.counts() == {"delivered": 8, "failed": 0}
-        await stuck.step()  # its engine steps again: no longer stalled
-        pool.clock.work(loop.config.probe_lost_s)
-        await loop.cycle()
-        await asyncio.sleep(0)
-        await loop.cycle()
+        # Its engine steps again. A step that decodes nothing is not progress, so step
+        # until one does: then it is no longer stalled.
+        for _ in range(100):
+            await stuck.step()
+            if stuck.stalled() is None:
+                break
+        assert stuck.stalled() is None
+        for _ in range(10):  # probed once a probe interval: rejoined, old copies fenced
+            pool.clock.work(loop.config.probe_lost_s)
+            await loop.cycle()
+            await asyncio.sleep(0)
+            await loop.cycle()
+            if not loop.lost and not stuck.resident:
+                break
         await loop.aclose()
         assert loop.lost == frozenset() and stuck.resident == {}, "rejoined, old copies fenced"
 
