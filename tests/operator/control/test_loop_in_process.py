@@ -225,7 +225,11 @@ def test_a_worker_that_answers_but_stops_decoding_has_its_work_requeued_then_rej
             if stuck.stalled() is None:
                 break
         assert stuck.stalled() is None
-        for _ in range(10):  # probed once a probe interval: rejoined, old copies fenced
+        # Probed again once its back-off (up to max_probe_lost_s) has passed, well within
+        # the stall bound: then it rejoins and its old copies are fenced.
+        rounds = int(loop.config.max_probe_lost_s / loop.config.probe_lost_s) + 2
+        assert rounds * loop.config.probe_lost_s < stuck.stall_bound_s()
+        for _ in range(rounds):
             pool.clock.work(loop.config.probe_lost_s)
             await loop.cycle()
             await asyncio.sleep(0)
