@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from collections import Counter
 
+import pytest
+
 from cadence.scheduler import CadencePolicy, CadenceState, EvictReason, FreshSample, plan
+from cadence.scheduler.errors import ConfigError
 
 from .factories import (
     make_cost,
@@ -291,3 +294,8 @@ def test_a_departed_trajectory_with_no_room_holds_the_roomiest_worker_from_new_w
     )
     placed = placed_on(plan(snap)[0])
     assert placed["long"] == "roomy"
+
+
+def test_a_longest_context_below_one_token_is_refused() -> None:
+    with pytest.raises(ConfigError, match="max_model_len is 0; it must be >= 1"):
+        make_knobs(max_model_len=0)
