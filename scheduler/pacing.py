@@ -189,6 +189,7 @@ def place_by_fit(
     fit: Fit = "tight",
     moves: MoveRule | None = None,
     room: int | None = None,
+    oldest_batch_first: bool = False,
 ) -> None:
     """Placement rule (pacing): shortest first, each onto the tightest feasible worker.
 
@@ -204,6 +205,12 @@ def place_by_fit(
     decode one more trajectory would tip into compute-bound last (see `_FitIndex`).
     `fit="worst"` picks the largest instead; it exists only as the paper's ablation and
     is never the default.
+
+    With `oldest_batch_first`, fresh samples go batch by batch, the earliest first (each
+    batch shortest first): the trainer needs the oldest open batch whole before it can
+    publish the version the newer batches wait on, so a sample of it that starts late
+    delays every version after it. Without it all candidates are one ascending order
+    (the paper's wording, and the pending pass, where every trajectory has started).
 
     With a move rule (`moves`), workers are indexed per version and transfer group: among
     equally tight fits a departed trajectory takes the one it moves to most cheaply (a
@@ -223,13 +230,14 @@ def place_by_fit(
     for key in sorted(indexes, key=lambda k: (-k[0], k[1])):
         of_version.setdefault(key[0], []).append(indexes[key])
     newest_first = [ix for v in sorted(of_version, reverse=True) for ix in of_version[v]]
-    # A stream is (candidates, the indexes its candidates may use, newest first).
-    streams: list[tuple[Sequence[Candidate], list[_FitIndex]]] = []
+    # A stream is (candidates, the indexes its candidates may use, newest first, its
+    # rank: streams of a lower rank go first, and equal ranks merge shortest first).
+    streams: list[tuple[Sequence[Candidate], list[_FitIndex], int]] = []
     for v, ps in pending:
         if v not in of_version or not ps:
             continue
         if moves is None or moves.migration != "kv":
-            streams.append((ps, of_version[v]))
+            streams.append((ps, of_version[v], 0))
             continue
         # kv: each departed trajectory only onto its source's group while one hosts v.
         runs: dict[str, list[PendingTrajectory]] = {}
@@ -238,16 +246,16 @@ def place_by_fit(
         for group, run in sorted(runs.items()):
             allowed = of_version[v] if not group else [indexes[(v, group)]]
             if (v, group) in indexes or not group:
-                streams.append((run, allowed))
+                streams.append((run, allowed, 0))
     for batch, samples in fresh_by_batch.items():
         allowed = [ix for ix in newest_first if may_start(batch, ix.version, eta)]
         if allowed and samples:
-            streams.append((samples, allowed))
-    heap = [(_key(items[0]), n, 0) for n, (items, _) in enumerate(streams)]
+            streams.append((samples, allowed, batch if oldest_batch_first else 0))
+    heap = [(rank, _key(items[0]), n, 0) for n, (items, _, rank) in enumerate(streams)]
     heapq.heapify(heap)
     while heap:
-        (context, _), n, i = heap[0]
-        items, allowed = streams[n]
+        rank, (context, _), n, i = heap[0]
+        items, allowed, _ = streams[n]
         item = items[i]
         chosen = _choose(allowed, context, item, moves)
         if chosen is None:
@@ -259,7 +267,7 @@ def place_by_fit(
         out.append(Place(item.id, worker.id, worker.version, context))
         ix.reposition(worker)
         if i + 1 < len(items):
-            heapq.heapreplace(heap, (_key(items[i + 1]), n, i + 1))
+            heapq.heapreplace(heap, (rank, _key(items[i + 1]), n, i + 1))
         else:
             heapq.heappop(heap)
 

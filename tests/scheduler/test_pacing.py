@@ -168,6 +168,32 @@ def test_fresh_sample_goes_to_the_tightest_worker_of_any_allowed_version() -> No
     assert placed_on(plan(snap)[0]) == {"s": "v0"}
 
 
+def test_fresh_samples_of_the_oldest_batch_start_first() -> None:
+    # Two batches are open (B = 1, eta = 1) and the worker has two seats: the trainer
+    # needs all of batch 0 before it can publish the version batch 2 waits on, so batch
+    # 0's sample starts although it is the longer and its id sorts last.
+    worker = make_worker("w", capacity=50_000, max_seqs=2)
+    fresh = [
+        make_fresh("a", group=1),
+        make_fresh("b", group=1),
+        make_fresh("z", group=0, prompt=20),
+    ]
+    snap = make_snapshot([worker], fresh=fresh, knobs=make_knobs(eta=1), admitted=2, total_groups=3)
+    assert sorted(placed_on(plan(snap)[0])) == ["a", "z"]
+
+
+def test_the_paper_literal_order_merges_batches_shortest_first() -> None:
+    worker = make_worker("w", capacity=50_000, max_seqs=2)
+    fresh = [
+        make_fresh("a", group=1),
+        make_fresh("b", group=1),
+        make_fresh("z", group=0, prompt=20),
+    ]
+    snap = make_snapshot([worker], fresh=fresh, knobs=make_knobs(eta=1), admitted=2, total_groups=3)
+    merged = CadencePolicy(fresh="merged")
+    assert sorted(placed_on(merged.plan(snap, CadenceState())[0])) == ["a", "b"]
+
+
 def test_draining_worker_receives_nothing() -> None:
     draining = make_worker("d", residents=[900], draining=True)
     snap = make_snapshot([draining], pending=[make_pending("t", 10)])
