@@ -6,8 +6,9 @@ phases: pacing-heavy (two live versions with fresh work, many workers at or belo
 floor, a large pending set), concentration-heavy (an exhausted older version
 concentrating its tail while the newest takes fresh work) and tail (one version, no
 fresh work anywhere: work conservation moves the tail up the affinity ranks). Workers
-carry a sequence limit and a step cost by affinity rank, and the floor and reserve are
-auto, so every rule of the default policy is on the clock. State is carried from cycle
+carry a sequence limit and a step cost by affinity rank, the floor and reserve are
+auto and the longest context is known (so the fit rule's roomy tier is in play): every
+rule of the default policy is on the clock. State is carried from cycle
 to cycle as the control loop carries it. `cycle_ms` times `plan()` alone; `build_ms`
 times building the snapshot from the observed residents and pending trajectories (the
 observer's cost, reported apart so neither hides the other).
@@ -52,7 +53,15 @@ from cadence.scheduler import (
 # 80 GB accelerator, less a reserve: about 400K tokens. The paper's max_model_len is 64K.
 CAPACITY = 400_000
 MAX_MODEL_LEN = 65_536
-KNOBS = Knobs(h_min=4_096, delta=512, eta=2, min_decode=64, auto_h_min=True, auto_delta=True)
+KNOBS = Knobs(
+    h_min=4_096,
+    delta=512,
+    eta=2,
+    min_decode=64,
+    auto_h_min=True,
+    auto_delta=True,
+    max_model_len=MAX_MODEL_LEN,
+)
 BATCH = 512
 MAX_SEQS = 256
 # Qwen3-8B's roofline on H100-class devices, slower by affinity rank (rank 2 fastest).
