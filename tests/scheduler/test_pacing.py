@@ -182,7 +182,7 @@ def test_fresh_samples_of_the_oldest_batch_start_first() -> None:
     assert sorted(placed_on(plan(snap)[0])) == ["a", "z"]
 
 
-def test_the_paper_literal_order_merges_batches_shortest_first() -> None:
+def test_the_ablations_merge_batches_shortest_first() -> None:
     worker = make_worker("w", capacity=50_000, max_seqs=2)
     fresh = [
         make_fresh("a", group=1),
@@ -190,8 +190,13 @@ def test_the_paper_literal_order_merges_batches_shortest_first() -> None:
         make_fresh("z", group=0, prompt=20),
     ]
     snap = make_snapshot([worker], fresh=fresh, knobs=make_knobs(eta=1), admitted=2, total_groups=3)
-    merged = CadencePolicy(fresh="merged")
-    assert sorted(placed_on(merged.plan(snap, CadenceState())[0])) == ["a", "b"]
+    for literal in (CadencePolicy(fresh="merged"), CadencePolicy(batches="mixed")):
+        assert sorted(placed_on(literal.plan(snap, CadenceState())[0])) == ["a", "b"]
+
+
+def test_an_unknown_batch_order_is_refused() -> None:
+    with pytest.raises(ConfigError, match="batches 'newest' is not one of"):
+        CadencePolicy(batches="newest")  # type: ignore[arg-type]
 
 
 def test_draining_worker_receives_nothing() -> None:
