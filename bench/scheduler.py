@@ -8,8 +8,8 @@ concentrating its tail while the newest takes fresh work) and tail (one version,
 fresh work anywhere: work conservation moves the tail up the affinity ranks). Workers
 carry a sequence limit and a step cost by affinity rank, the floor and reserve are
 auto and the longest context is known (so the fit rule's roomy tier is in play): every
-rule of the default policy is on the clock. State is carried from cycle
-to cycle as the control loop carries it. `cycle_ms` times `plan()` alone; `build_ms`
+rule of the default policy is on the clock. State is carried from cycle to cycle as the
+control loop carries it. `cycle_ms` times `plan()` alone; `build_ms`
 times building the snapshot from the observed residents and pending trajectories (the
 observer's cost, reported apart so neither hides the other).
 

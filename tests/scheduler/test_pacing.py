@@ -8,6 +8,7 @@ import pytest
 
 from cadence.scheduler import CadencePolicy, CadenceState, EvictReason, FreshSample, plan
 from cadence.scheduler.errors import ConfigError
+from cadence.scheduler.snapshot import Snapshot
 
 from .factories import (
     make_cost,
@@ -168,28 +169,26 @@ def test_fresh_sample_goes_to_the_tightest_worker_of_any_allowed_version() -> No
     assert placed_on(plan(snap)[0]) == {"s": "v0"}
 
 
-def test_fresh_samples_of_the_oldest_batch_start_first() -> None:
-    # Two batches are open (B = 1, eta = 1) and the worker has two seats: the trainer
-    # needs all of batch 0 before it can publish the version batch 2 waits on, so batch
-    # 0's sample starts although it is the longer and its id sorts last.
+def _two_open_batches() -> Snapshot:
+    """Batches 0 and 1 open (B = 1, eta = 1) and one worker with two seats: batch 1 has
+    two samples, batch 0 one whose prompt is the longer and whose id sorts last."""
     worker = make_worker("w", capacity=50_000, max_seqs=2)
     fresh = [
         make_fresh("a", group=1),
         make_fresh("b", group=1),
         make_fresh("z", group=0, prompt=20),
     ]
-    snap = make_snapshot([worker], fresh=fresh, knobs=make_knobs(eta=1), admitted=2, total_groups=3)
-    assert sorted(placed_on(plan(snap)[0])) == ["a", "z"]
+    return make_snapshot([worker], fresh=fresh, knobs=make_knobs(eta=1), admitted=2, total_groups=3)
+
+
+def test_fresh_samples_of_the_oldest_batch_start_first() -> None:
+    # The trainer needs all of batch 0 before it can publish the version batch 2 waits
+    # on, so batch 0's sample starts although it is the longer and its id sorts last.
+    assert sorted(placed_on(plan(_two_open_batches())[0])) == ["a", "z"]
 
 
 def test_the_ablations_merge_batches_shortest_first() -> None:
-    worker = make_worker("w", capacity=50_000, max_seqs=2)
-    fresh = [
-        make_fresh("a", group=1),
-        make_fresh("b", group=1),
-        make_fresh("z", group=0, prompt=20),
-    ]
-    snap = make_snapshot([worker], fresh=fresh, knobs=make_knobs(eta=1), admitted=2, total_groups=3)
+    snap = _two_open_batches()
     for literal in (CadencePolicy(fresh="merged"), CadencePolicy(batches="mixed")):
         assert sorted(placed_on(literal.plan(snap, CadenceState())[0])) == ["a", "b"]
 
