@@ -152,6 +152,19 @@ class Pace(_Body):
     late_s: float = Field(ge=0, allow_inf_nan=False)
 
 
+class DecodeSteps(_Body):
+    """The engine's decode steps since it started, summed: how many, the seconds they
+    took (wall time, each from the end of the step before), the sequences they decoded
+    and the KV tokens they read. Between two readings the differences give the mean step
+    time at the mean batch and context, the samples a trace fits the step model to.
+    Steps that also prefilled are left out: a prefill is timed by its own model."""
+
+    steps: int = Field(default=0, ge=0)
+    seconds: float = Field(default=0.0, ge=0, allow_inf_nan=False)
+    sequences: int = Field(default=0, ge=0)
+    context_tokens: int = Field(default=0, ge=0)
+
+
 class MoveCounts(_Body):
     """Moves into this worker since it started, by kind. `kv` counts placements that
     pulled the source's KV blocks, `kv_fallbacks` pulls that failed or timed out and
@@ -186,6 +199,7 @@ class WorkerState(_Body):
     draining: bool
     fell_behind: bool = False  # an emulated engine that could not keep its pace
     pace: Pace | None = None  # an emulated engine's; None on a real one
+    decode_steps: DecodeSteps | None = None  # None: the engine cannot time its steps
     preemptions: int = 0  # residents the engine preempted for lack of KV (floor too low)
     delivering: list[str] = []  # finished, in the outbox, not yet taken by the trainer
     max_seqs: int | None = Field(default=None, ge=1)
@@ -234,6 +248,8 @@ class Turn(_Body):
     # Per generated token, each <= 0 (a log probability); None for observations.
     logprobs: list[Annotated[float, Field(le=0.0, allow_inf_nan=False)]] | None = None
     version: Version | None = None  # the policy version that generated a model turn
+    # How long the environment took to answer, for an observation (None: not timed).
+    seconds: float | None = Field(default=None, ge=0, le=1e7, allow_inf_nan=False)
 
     @model_validator(mode="after")
     def _one_logprob_per_token(self) -> Self:
@@ -370,11 +386,13 @@ class WorkerProgress(_Body):
     reader (`GET /v1/states?since=`, `worker/state_progress.py`): every resident of that
     state, in its order, decoded `decoded[i]` more tokens (its context, generated and
     decoded-since-placement each grew by that much), the KV in use is now
-    `kv_used_tokens` and the pace `pace`; nothing else changed."""
+    `kv_used_tokens`, the pace `pace` and the step totals `decode_steps`; nothing else
+    changed."""
 
     kv_used_tokens: int
     decoded: list[Annotated[int, Field(ge=0)]]
     pace: Pace | None = None
+    decode_steps: DecodeSteps | None = None
 
 
 class HostStates(_Body):

@@ -173,6 +173,7 @@ class WorkerCore(HandOff):
             draining=self.draining,
             fell_behind=self.engine.fell_behind,
             pace=self.engine.pace,
+            decode_steps=self.engine.decode_steps,
             preemptions=self.engine.preemptions,
             delivering=[d.id for d in self.outbox.queue] if self.outbox is not None else [],
             max_seqs=self.engine.max_seqs,
@@ -389,6 +390,7 @@ class WorkerCore(HandOff):
         assert self.tools is not None
         index = sum(1 for t in held.turns if t.role == "environment")
         text = self.tools.decode(held.since_observation())
+        asked = self.clock.now()
         observation = await self.tools.observe(held.id, index, text, held.attempt)
         if observation is None:
             del self.parked[held.id]
@@ -396,6 +398,7 @@ class WorkerCore(HandOff):
             if self.outbox is not None:
                 await self.outbox.flush()
             return
-        held.turns.append(Turn(role="environment", token_ids=observation))
+        seconds = max(0.0, self.clock.now() - asked)
+        held.turns.append(Turn(role="environment", token_ids=observation, seconds=seconds))
         held.tool_calls_left -= 1
         held.reason, held.parked_since = "ready", self.clock.now()

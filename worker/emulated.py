@@ -29,8 +29,15 @@ from pathlib import Path
 from typing import Literal, Protocol
 
 from cadence.common.physics import Deployment, transfer_s
-from cadence.worker.api import Pace, StepCostInfo
-from cadence.worker.engine import Clock, EngineRequest, MonotonicClock, PullOutcome, RoomError
+from cadence.worker.api import DecodeSteps, Pace, StepCostInfo
+from cadence.worker.engine import (
+    Clock,
+    EngineRequest,
+    MonotonicClock,
+    PullOutcome,
+    RoomError,
+    StepTotals,
+)
 
 # The modelled intra-cluster link a pull crosses: one 200G NIC, 21.7 GB/s measured
 # (docs/reference/catalog.md), as the simulator's default.
@@ -74,6 +81,7 @@ class Pacer:
     steps: int = 0
     scheduled_s: list[float] = field(default_factory=list)  # the last few step durations
     scheduled_total_s: float = 0.0  # modelled time of every step so far
+    started: float = 0.0  # when the current step began: the last one's end, or now
 
     def __post_init__(self) -> None:
         if self.compression <= 0:
@@ -89,6 +97,7 @@ class Pacer:
     def begin(self, duration: float) -> float:
         """Schedule the next step of `duration` seconds; returns its deadline."""
         start = self.clock.now() if self.deadline is None else self.deadline
+        self.started = start
         self.deadline = start + duration
         self.steps += 1
         self.scheduled_total_s += duration
@@ -148,6 +157,7 @@ class EmulatedEngine:
         self.requests: dict[str, EngineRequest] = {}
         self.decoded_tokens = 0
         self.preemptions = 0
+        self.totals = StepTotals()  # its prefills are steps of their own, not counted
         self.wake = asyncio.Event()
 
     @property
@@ -222,6 +232,10 @@ class EmulatedEngine:
     def pace(self) -> Pace | None:
         return Pace(modelled_s=self.pacer.scheduled_total_s, late_s=self.pacer.lag_s)
 
+    @property
+    def decode_steps(self) -> DecodeSteps | None:
+        return self.totals.info()
+
     def used_tokens(self) -> int:
         return sum(r.context for r in self.requests.values() if not r.preempted)
 
@@ -278,7 +292,8 @@ class EmulatedEngine:
         batch = running
         if not batch:  # cannot happen while one running request is never preempted
             return []
-        self.pacer.begin(self.pacer.step_s(len(batch), self.used_tokens()))
+        context = self.used_tokens()
+        self.pacer.begin(self.pacer.step_s(len(batch), context))
         # Off the event loop, so the API answers while a step computes; a request evicted
         # meanwhile keeps what it had when it left, and this step's token for it is void.
         sampled = await asyncio.to_thread(self.source.next_tokens, batch)
@@ -291,6 +306,7 @@ class EmulatedEngine:
         self.decoded_tokens += len(stepped)
         self._preempt_while_over()
         await self.pacer.finish()
+        self.totals.add(len(batch), context, self.clock.now() - self.pacer.started)
         # A request evicted while the step's time passed went to whoever evicted it, with
         # what it had: it is theirs to end, not this step's (ended twice, or a KeyError
         # that stopped this worker's decoding for good, as a CI run once showed).

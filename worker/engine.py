@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Protocol
 
-from cadence.worker.api import Pace, Sampling, StepCostInfo
+from cadence.worker.api import DecodeSteps, Pace, Sampling, StepCostInfo
 
 
 class Clock(Protocol):
@@ -28,6 +28,30 @@ class MonotonicClock:
         delay = deadline - time.monotonic()
         if delay > 0:
             await asyncio.sleep(delay)
+
+
+@dataclass
+class StepTotals:
+    """An engine's running sums behind `DecodeSteps`."""
+
+    steps: int = 0
+    seconds: float = 0.0
+    sequences: int = 0
+    context_tokens: int = 0
+
+    def add(self, batch: int, context_tokens: int, seconds: float) -> None:
+        self.steps += 1
+        self.seconds += max(0.0, seconds)
+        self.sequences += batch
+        self.context_tokens += context_tokens
+
+    def info(self) -> DecodeSteps:
+        return DecodeSteps(
+            steps=self.steps,
+            seconds=self.seconds,
+            sequences=self.sequences,
+            context_tokens=self.context_tokens,
+        )
 
 
 @dataclass
@@ -111,6 +135,9 @@ class Engine(Protocol):
 
     @property
     def pace(self) -> Pace | None: ...  # an emulated engine's modelled and late seconds
+
+    @property
+    def decode_steps(self) -> DecodeSteps | None: ...  # its decode steps, timed, if it can
 
     @property
     def preemptions(self) -> int: ...  # residents the engine preempted for lack of KV

@@ -20,7 +20,7 @@ from typing import NamedTuple
 from cadence.worker.api import ResidentInfo, WorkerProgress, WorkerState
 
 # What a progress answer carries; any other field that differs makes the state whole.
-_PROGRESS = frozenset({"kv_used_tokens", "headroom_tokens", "pace", "residents"})
+_PROGRESS = frozenset({"kv_used_tokens", "headroom_tokens", "pace", "decode_steps", "residents"})
 _SHAPE = tuple(f for f in WorkerState.model_fields if f not in _PROGRESS)
 
 
@@ -43,7 +43,12 @@ def progress_of(base: WorkerState, now: WorkerState) -> WorkerProgress | None:
         ):
             return None
         decoded.append(d)
-    return WorkerProgress(kv_used_tokens=now.kv_used_tokens, decoded=decoded, pace=now.pace)
+    return WorkerProgress(
+        kv_used_tokens=now.kv_used_tokens,
+        decoded=decoded,
+        pace=now.pace,
+        decode_steps=now.decode_steps,
+    )
 
 
 def advanced(base: WorkerState, progress: WorkerProgress) -> WorkerState:
@@ -71,6 +76,7 @@ def advanced(base: WorkerState, progress: WorkerProgress) -> WorkerState:
             "kv_used_tokens": progress.kv_used_tokens,
             "headroom_tokens": base.kv_capacity_tokens - progress.kv_used_tokens,
             "pace": progress.pace,
+            "decode_steps": progress.decode_steps,
         }
     )
 

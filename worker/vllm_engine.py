@@ -31,12 +31,12 @@ import hashlib
 import itertools
 import multiprocessing
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from cadence.worker.api import Pace, StepCostInfo
-from cadence.worker.engine import EngineRequest, PullOutcome, RoomError
+from cadence.worker.api import DecodeSteps, Pace, StepCostInfo
+from cadence.worker.engine import EngineRequest, PullOutcome, RoomError, StepTotals
 
 # Tokens per KV block (vLLM's `block_size`): KV is sized and moved in these.
 KV_BLOCK = 32
@@ -75,6 +75,9 @@ class EngineStats:
     prefix_queries: int = 0  # prompt tokens looked up in the prefix cache
     prefix_hits: int = 0
     steps: int = 0
+    capacity_tokens: int = 0  # the KV cache, so a usage share reads as tokens
+    decode: StepTotals = field(default_factory=StepTotals)
+    last_step_at: float | None = None  # when the last busy step's output arrived
 
 
 class VllmEngine:
@@ -107,6 +110,8 @@ class VllmEngine:
         self.max_model_len = int(llm.vllm_config.model_config.max_model_len)
         blocks = llm.vllm_config.cache_config.num_gpu_blocks
         self._capacity = int(blocks) * block_size
+        if stats is not None:
+            stats.capacity_tokens = self._capacity
         self.max_seqs = int(llm.vllm_config.scheduler_config.max_num_seqs)
         self.vocab_size: int | None = int(llm.vllm_config.model_config.get_vocab_size())
         self.step_cost: StepCostInfo | None = None  # no roofline for this device here
@@ -206,6 +211,10 @@ class VllmEngine:
     @property
     def pace(self) -> Pace | None:
         return None
+
+    @property
+    def decode_steps(self) -> DecodeSteps | None:
+        return self.stats.decode.info() if self.stats is not None else None
 
     @property
     def preemptions(self) -> int:

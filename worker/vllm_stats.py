@@ -28,13 +28,27 @@ class StatsSink(StatLoggerBase):
         mm_cache_stats: Any = None,
         engine_idx: int = 0,
     ) -> None:
+        stats = self.stats
         if scheduler_stats is not None:
-            self.stats.kv_usage = float(scheduler_stats.kv_cache_usage)
-            self.stats.prefix_queries += int(scheduler_stats.prefix_cache_stats.queries)
-            self.stats.prefix_hits += int(scheduler_stats.prefix_cache_stats.hits)
-            self.stats.steps += 1
+            stats.kv_usage = float(scheduler_stats.kv_cache_usage)
+            stats.prefix_queries += int(scheduler_stats.prefix_cache_stats.queries)
+            stats.prefix_hits += int(scheduler_stats.prefix_cache_stats.hits)
+            stats.steps += 1
         if iteration_stats is not None:
-            self.stats.preemptions += int(iteration_stats.num_preempted_reqs)
+            stats.preemptions += int(iteration_stats.num_preempted_reqs)
+        if scheduler_stats is None or iteration_stats is None:
+            return
+        # A busy engine core steps back to back, so the time between two steps' outputs is
+        # the later step's. A step after an idle spell, or one that also prefilled, is
+        # not a decode step's sample.
+        at = float(iteration_stats.iteration_timestamp)
+        batch = int(scheduler_stats.num_running_reqs)
+        decoded = int(iteration_stats.num_generation_tokens)
+        prefilled = int(iteration_stats.prompt_token_stats.computed)
+        if stats.last_step_at is not None and decoded and not prefilled:
+            context = round(stats.kv_usage * stats.capacity_tokens)
+            stats.decode.add(batch, context, at - stats.last_step_at)
+        stats.last_step_at = at if batch else None
 
     def log_engine_initialized(self) -> None:
         pass

@@ -19,13 +19,12 @@ from typing import Generic, NamedTuple, TypeVar
 
 from cadence.common.stats import percentile
 from cadence.operator.control.config import CycleReport
+from cadence.operator.control.events import Event, events_of
 from cadence.operator.control.loop import ControlLoop
 from cadence.operator.local.mechanism import (
     MAX_EVENTS,
-    Event,
     Sample,
     action_counts,
-    events_of,
     roles,
     tail_figures,
 )

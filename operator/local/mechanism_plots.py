@@ -18,7 +18,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 from cadence.common.captions import captioned
-from cadence.operator.local.mechanism import Event, Sample, newest_version, role
+from cadence.operator.control.events import Event
+from cadence.operator.local.mechanism import Sample, newest_version, role
 
 _ROLE_COLOURS = {"tail": "#f4c7a1", "throughput": "#c9dcf2"}
 _EVENT_STYLE = {  # (marker, colour, label)

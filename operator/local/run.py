@@ -34,10 +34,11 @@ from cadence.operator.api.capacity import group_plans, hourly_price
 from cadence.operator.api.resources import MultiTurnSpec, RolloutPool, TrainingRun
 from cadence.operator.api.settings import budgets_of, knobs_of, trainer_config
 from cadence.operator.control.config import LoopConfig
+from cadence.operator.control.events import Event
 from cadence.operator.local import figures
 from cadence.operator.local.chaos import DEFAULT_TARGETS, Chaos
 from cadence.operator.local.figures import RunLoop, read_ledger
-from cadence.operator.local.mechanism import Event, Sample
+from cadence.operator.local.mechanism import Sample
 from cadence.operator.local.processes import Children
 from cadence.operator.local.supervise import PoolWorker, Supervisor
 from cadence.scheduler.registry import POLICIES

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import dataclasses
 
+from cadence.operator.control.events import events_of
 from cadence.operator.local.mechanism import (
     Sample,
     action_counts,
-    events_of,
     roles,
     tail_figures,
 )
