@@ -8,7 +8,12 @@ run's ledger and its control loop (mean prompt and response length, the mean upd
 time, the mean time a worker's advance took) and given to the simulator
 (`operator/local/simulate.py`), which runs the same policy on the same modelled pool and
 charges each advance what the run's did.
-`ratio` is runtime over simulator; the target is within 15%. Prints one JSON object.
+`ratio` is runtime over simulator; the target is within 15%.
+
+The run's trace is replayed too (`cadence sim --trace`, `sim/replay.py`): the lengths and
+update times it recorded and each accelerator type's step model fitted to its steps, in
+place of the means. `replay.ratio` is replay over runtime, and the fits' errors are
+beside it. Prints one JSON object.
 """
 
 from __future__ import annotations
@@ -20,16 +25,14 @@ import statistics
 import tempfile
 from pathlib import Path
 
+from cadence.common.trace import read as read_trace
 from cadence.operator.api.files import load
 from cadence.operator.local import run as local
-from cadence.operator.local.simulate import SimWorkload, scenario_of
+from cadence.operator.local.simulate import FREE_LINK_GB_S, SimWorkload, scenario_of
 from cadence.sim import compare
+from cadence.sim.replay import replay
 
 EXAMPLE = Path(__file__).parents[1] / "manifests" / "examples" / "trainingrun.yaml"
-# The emulated engine does not model moving the catalog model's weights (it loads the tiny
-# model's), so the simulator compared with it sends them from the trainer for free and
-# charges an advance what the run's took.
-FREE_LINK_GB_S = 1e6
 
 
 def _workload(state_dir: Path, compression: float, advance_s: float | None) -> SimWorkload:
@@ -81,11 +84,29 @@ def measure(
             k: round(float(runtime[k]) / sim[k], 3) if sim[k] else None  # type: ignore[arg-type]
             for k in ("throughput_tok_s", "latency_p95_s")
         }
+        replayed = replay(read_trace(folder / "trace.jsonl"))
+        again = compare.run(replayed.scenario, [policy], {})[0]
+        replay_figures = {
+            "throughput_tok_s": round(again.throughput_tok_s, 1),
+            "latency_p95_s": round(again.latency_p95_s, 3),
+        }
+        replay_ratio = {
+            k: round(v / float(runtime[k]), 3) if runtime[k] else None  # type: ignore[arg-type]
+            for k, v in replay_figures.items()
+        }
         out[policy] = {
             "runtime": runtime,
             "simulator": sim,
             "ratio": ratio,
             "within_15pct": all(r is not None and abs(r - 1) <= 0.15 for r in ratio.values()),
+            "replay": {
+                **replay_figures,
+                "ratio": replay_ratio,
+                "within_15pct": all(
+                    r is not None and abs(r - 1) <= 0.15 for r in replay_ratio.values()
+                ),
+                "step_fits": [f.summary() for f in replayed.fits],
+            },
             "workload": {
                 "prompt_tokens": workload.prompt_tokens,
                 "response_tokens": round(workload.response_tokens or 0, 2),

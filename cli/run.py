@@ -168,6 +168,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
             chaos_targets=targets,
             seed=args.seed,
             migration=args.migration,
+            trace=args.trace,
         )
         folder = workdir if len(policies) == 1 else workdir / str(name)
         view = Live(console=console, refresh_per_second=4, transient=True) if show else None
@@ -262,5 +263,12 @@ def add_run(sub: Commands) -> None:
     )
     rn.add_argument(
         "--workdir", type=Path, help="keep the run's files here (default: runs/NAME-TIME)"
+    )
+    rn.add_argument(
+        "--trace",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="write the run's trace (trace.jsonl in the work directory) for cadence sim "
+        "--trace to replay (default: on)",
     )
     rn.set_defaults(run=_cmd_run)

@@ -31,12 +31,16 @@ from cadence.cli.common import (
     setting_value,
     validation_sentence,
 )
+from cadence.common.trace import Trace, TraceError
+from cadence.common.trace import read as read_trace
 from cadence.scheduler import plan
 from cadence.scheduler.registry import DEFAULT_POLICIES, POLICIES
 from cadence.scheduler.snapshot import Migration
 from cadence.scheduler.wire import SnapshotModel, StateModel, actions_to_json
 from cadence.sim import compare
 from cadence.sim.frontier import frontier
+from cadence.sim.records import Result
+from cadence.sim.replay import Replay, ReplayError, replay
 from cadence.sim.report import document, pool_lines, table
 from cadence.sim.scenario import Scenario
 
@@ -77,10 +81,12 @@ def _policy_settings(items: Sequence[str]) -> dict[str, dict[str, object]]:
     return settings
 
 
-def load_scenario(path: Path, settings: Sequence[str] = ()) -> Scenario:
+def load_scenario(
+    path: Path, settings: Sequence[str] = (), scenario: Scenario | None = None
+) -> Scenario:
     """A scenario file, or the resources `cadence run` takes (`operator/local/simulate.py`),
-    with `--set PATH=VALUE` overrides applied."""
-    scenario = _read_scenario(path)
+    with `--set PATH=VALUE` overrides applied (to `scenario` instead, where given)."""
+    scenario = scenario or _read_scenario(path)
     for item in settings:
         key, eq, value = item.partition("=")
         if not (eq and key):
@@ -226,8 +232,72 @@ def _progress() -> Iterator[compare.Progress]:
         yield _BarProgress(bar)
 
 
+def _replayed(path: Path) -> tuple[Scenario, Trace, Replay]:
+    """The scenario a run trace describes, and the trace (`sim/replay.py`)."""
+    try:
+        trace = read_trace(path)
+        replayed = replay(trace)
+    except OSError as e:
+        raise UsageError(f"cannot read trace {path}: {e.strerror or e}") from None
+    except UnicodeDecodeError:
+        raise UsageError(f"trace {path} is not UTF-8 text") from None
+    except (TraceError, ReplayError) as e:
+        raise UsageError(str(e)) from None
+    except ValidationError as e:
+        raise UsageError(validation_sentence("trace's scenario", path, e, Scenario)) from None
+    return replayed.scenario, trace, replayed
+
+
+def _fit_line(fit: dict[str, Any]) -> str:
+    f = fit["fitted"]
+    return (
+        f"step model of {fit['accelerator']}: bandwidth efficiency "
+        f"{f['bandwidth_efficiency']:.4g} and overhead {f['step_overhead_s'] * 1000:.3g} ms, "
+        f"fitted to {fit['samples']} samples ({fit['steps']} steps); error "
+        f"{fit['error_pct']:.1f}% (the scenario's model: {fit['error_before_pct']:.1f}%)"
+    )
+
+
+def _against_run(trace: Trace, results: Sequence[Result]) -> dict[str, Any]:
+    """The replay of the trace's own policy beside the run's figures."""
+    run, mine = trace.summary, [r for r in results if r.policy == trace.header.policy]
+    if run is None or not mine:
+        return {}
+    sim = mine[0]
+    ratio = {"throughput_tok_s": round(sim.throughput_tok_s / run.throughput_tok_s, 3)}
+    if run.latency_p95_s:
+        ratio["latency_p95_s"] = round(sim.latency_p95_s / run.latency_p95_s, 3)
+    print(
+        f"replay of {trace.header.policy}: {sim.throughput_tok_s:,.1f} tok/s, P95 "
+        f"{sim.latency_p95_s:.1f} s; the run: {run.throughput_tok_s:,.1f} tok/s, P95 "
+        f"{run.latency_p95_s or 0:.1f} s (replay / run: {ratio['throughput_tok_s']:.3f} and "
+        f"{ratio.get('latency_p95_s', float('nan')):.3f})"
+    )
+    return {
+        "policy": trace.header.policy,
+        "run": {"throughput_tok_s": run.throughput_tok_s, "latency_p95_s": run.latency_p95_s},
+        "ratio": ratio,
+    }
+
+
 def _cmd_sim(args: argparse.Namespace) -> int:
-    scenario = load_scenario(args.scenario, args.set or ())
+    if (args.scenario is None) == (args.trace is None):
+        raise UsageError("give either --scenario FILE or --trace FILE")
+    traced: tuple[Scenario, Trace, Replay] | None = None
+    if args.trace is not None:
+        traced = _replayed(args.trace)
+        scenario = load_scenario(args.trace, args.set or (), scenario=traced[0])
+        args.scenario = args.trace
+        if args.policies is None:
+            args.policies = traced[1].header.policy
+    else:
+        scenario = load_scenario(args.scenario, args.set or ())
+    if args.policies is None:
+        args.policies = ",".join(DEFAULT_POLICIES)
+    if args.write_scenario is not None:
+        body = scenario.model_dump(mode="json", exclude_unset=True)
+        args.write_scenario.write_text(yaml.safe_dump(body, sort_keys=False))
+        print(f"wrote {args.write_scenario}")
     if args.seed is not None:
         scenario = scenario.model_copy(update={"seed": args.seed})
     if args.migration is not None:
@@ -249,6 +319,9 @@ def _cmd_sim(args: argparse.Namespace) -> int:
     out = Console(width=None if sys.stdout.isatty() else 120)
     for line in pool_lines(scenario.deployments()):
         print(line)
+    if traced is not None:
+        for fit in traced[2].summary()["step_fits"]:
+            print(_fit_line(fit))
     for warning in scenario.floor_warnings():
         print(f"warning: {warning}", file=sys.stderr)
     if args.vary is not None:
@@ -311,6 +384,8 @@ def _cmd_sim(args: argparse.Namespace) -> int:
         )
     out.print(table(results, scenario.name))
     doc = document(scenario.name, timing, results, scenario.deployments())
+    if traced is not None:
+        doc["trace"] = {**traced[2].summary(), **_against_run(traced[1], results)}
     policies: dict[str, Any] = doc["policies"]
     if args.frontier:
         doc["frontier"] = frontier(policies).to_json()
@@ -350,8 +425,21 @@ def add_sim(sub: Commands) -> None:
     s.add_argument(
         "--scenario",
         type=Path,
-        required=True,
         help="scenario YAML file, or the RolloutPool and TrainingRun file cadence run takes",
+    )
+    s.add_argument(
+        "--trace",
+        type=Path,
+        help="replay a run's trace (trace.jsonl): its pool and knobs, with the lengths, "
+        "tool latencies and update times it recorded and each accelerator type's step "
+        "model fitted to its measured steps; instead of --scenario",
+    )
+    s.add_argument(
+        "--write-scenario",
+        type=Path,
+        metavar="FILE",
+        help="also write the scenario that runs (after --trace and --set) as YAML here, "
+        "to edit and run with --scenario",
     )
     s.add_argument(
         "--set",
@@ -361,8 +449,8 @@ def add_sim(sub: Commands) -> None:
     )
     s.add_argument(
         "--policies",
-        default=",".join(DEFAULT_POLICIES),
-        help=f"comma-separated names, of {', '.join(POLICIES)} (default: all but the variants)",
+        help=f"comma-separated names, of {', '.join(POLICIES)} (default: all but the "
+        "variants; with --trace, the traced run's)",
     )
     s.add_argument("--seed", type=int, help="override the scenario's seed")
     s.add_argument(

@@ -89,6 +89,14 @@ def transfer_group(deployment: Deployment) -> str:
     return f"{deployment.model.name}/{deployment.accelerator.name}/tp{deployment.tp}"
 
 
+class StepEfficiency(Strict):
+    """A group's own decode-step figures, where they differ from the scenario's physics:
+    what a trace's fit measured on this type (`sim/replay.py`)."""
+
+    bandwidth_efficiency: float | None = Field(default=None, gt=0, le=1)
+    step_overhead_s: float | None = Field(default=None, ge=0, le=1)
+
+
 class Group(Strict):
     """Devices of one accelerator type. Each worker uses the smallest tensor-parallel
     degree that fits the model with `min_kv_tokens` to spare, so `devices` / tp workers."""
@@ -103,6 +111,7 @@ class Group(Strict):
     # `cadence run` and the operator start workers with); unset: sized as above.
     tensor_parallel: TensorParallel | None = None
     kv_tokens: int | None = Field(default=None, ge=1, le=MAX_TOKENS * 64)
+    efficiency: StepEfficiency | None = None  # unset: the scenario's physics
 
     @model_validator(mode="after")
     def _known(self) -> Self:
@@ -163,12 +172,17 @@ class Physics(Strict):
     # intra-cluster link.
     weights_load_gb_s: float | None = Field(default=None, ge=1e-3, le=1e9)
 
-    def efficiency(self) -> Efficiency:
+    def efficiency(self, own: StepEfficiency | None = None) -> Efficiency:
+        """The efficiencies a worker runs at: these, or a group's `own` where it has them."""
+        bandwidth, overhead = self.bandwidth_efficiency, self.step_overhead_s
+        if own is not None:
+            bandwidth = own.bandwidth_efficiency or bandwidth
+            overhead = overhead if own.step_overhead_s is None else own.step_overhead_s
         return Efficiency(
-            bandwidth=self.bandwidth_efficiency,
+            bandwidth=bandwidth,
             prefill_mfu=self.prefill_mfu,
             decode_mfu=self.decode_mfu,
-            step_overhead_s=self.step_overhead_s,
+            step_overhead_s=overhead,
         )
 
 
@@ -320,13 +334,14 @@ class Scenario(Strict):
         """A group's workers, or a ValueError that names it: devices too few for one
         worker, or a model and KV that fit no tensor-parallel degree."""
         model, acc, phys = MODELS[self.model], group.resolve(), self.physics
+        efficiency = phys.efficiency(group.efficiency)
 
         def sized(kv_tokens: int) -> Deployment:
             return deploy(
                 model,
                 acc,
                 kv_tokens,
-                efficiency=phys.efficiency(),
+                efficiency=efficiency,
                 memory_utilisation=phys.memory_utilisation,
                 reserve_bytes=phys.reserve_gb * 1e9,
             )
@@ -344,7 +359,7 @@ class Scenario(Strict):
                     f"group {group.name}: {group.devices} x {acc.name} make no worker of "
                     f"tensor-parallel {tp}"
                 )
-            pinned = Deployment(model, acc, tp, group.kv_tokens, phys.efficiency())
+            pinned = Deployment(model, acc, tp, group.kv_tokens, efficiency)
             return GroupDeployment(group.name, group.devices, group.devices // tp, pinned, tp)
         try:
             d = sized(need)

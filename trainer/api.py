@@ -66,6 +66,41 @@ class LedgerView(_Body):
         return f"{self.epoch}.{self.rev}"
 
 
+class EndedTurn(_Body):
+    """One turn of an ended trajectory, by its size: tokens, the version that generated
+    a model turn, and the seconds an environment took to answer an observation."""
+
+    role: Literal["model", "environment"]
+    tokens: int = Field(ge=0)
+    version: int | None = None
+    seconds: float | None = None
+
+
+class Ended(_Body):
+    """An accepted delivery, by its sizes and times (GET /v1/ended): what a run trace
+    keeps of each trajectory. `seq` orders them as they arrived."""
+
+    seq: int
+    id: str
+    batch: int
+    group: int
+    attempt: int
+    worker: str
+    prompt_tokens: int = Field(ge=0)
+    turns: list[EndedTurn]
+    failed: bool
+    latency_s: float | None  # first decoding step to finish, summed over its workers
+    finished_at: float  # wall clock
+
+
+class EndedPage(_Body):
+    """GET /v1/ended?after=<seq>: deliveries accepted after `seq`, oldest first, at most
+    `limit`; `last` is the seq to ask after next."""
+
+    items: list[Ended]
+    last: int
+
+
 class VersionInfo(_Body):
     version: int
     sha256: str
@@ -127,6 +162,8 @@ class RunStats(_Body):
     latency_p95_s: float = 0.0
     arrivals: dict[str, int] = Field(default_factory=dict)  # deliveries by outcome
     accepted_twice: int = 0  # samples accepted more than once (a ledger bug if not 0)
+    # Each published version's update: how long it took (the external trainer's: unknown).
+    update_seconds: dict[int, float] = Field(default_factory=dict)
 
 
 class RunSettings(_Body):

@@ -9,12 +9,13 @@ token; refusals are one sentence (`common/web.py`).
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections.abc import Iterable
 from typing import Any
 
-from fastapi import APIRouter, FastAPI, Response
+from fastapi import APIRouter, FastAPI, Query, Response
 from fastapi.responses import FileResponse, JSONResponse
 from fastapi.routing import APIRoute
 from prometheus_client import CollectorRegistry, generate_latest
@@ -29,6 +30,9 @@ from cadence.trainer.api import (
     AdmitResponse,
     Batch,
     BatchSample,
+    Ended,
+    EndedPage,
+    EndedTurn,
     IngestResponse,
     LedgerView,
     PublishRequest,
@@ -147,6 +151,15 @@ def _rollout_routes(trainer: Trainer, guarded: Any, route_class: type[APIRoute])
             )
         return Response(view.model_dump_json(), media_type="application/json")
 
+    @router.get("/v1/ended", dependencies=guarded)
+    async def ended(after: int = -1, limit: int = Query(1000, ge=1, le=10_000)) -> EndedPage:
+        """The accepted deliveries after `after`, by their sizes and times: what a run
+        trace records of each trajectory."""
+        with trainer.lock:
+            rows = trainer.ledger.ended_after(after, limit)
+        items = [_ended(*row) for row in rows]
+        return EndedPage(items=items, last=items[-1].seq if items else after)
+
     @router.post("/v1/admit", dependencies=guarded)
     async def admit(body: AdmitRequest) -> AdmitResponse:
         return AdmitResponse(groups=[g.index for g in trainer.admit(body.groups)])
@@ -188,6 +201,35 @@ def _rollout_routes(trainer: Trainer, guarded: Any, route_class: type[APIRoute])
                 raise web.Refusal(409, "finished", str(e)) from None
 
     return router
+
+
+def _update_seconds(updates: list[tuple[int, str]]) -> dict[int, float]:
+    out = {}
+    for version, stats in updates:
+        seconds = json.loads(stats).get("seconds")
+        if isinstance(seconds, int | float):
+            out[version] = float(seconds)
+    return out
+
+
+def _ended(seq: int, batch: int, group: int, latency_s: float | None, raw: str) -> Ended:
+    d = Delivery.model_validate_json(raw)
+    return Ended(
+        seq=seq,
+        id=d.id,
+        batch=batch,
+        group=group,
+        attempt=d.attempt,
+        worker=d.worker_id,
+        prompt_tokens=len(d.prompt_token_ids),
+        turns=[
+            EndedTurn(role=t.role, tokens=len(t.token_ids), version=t.version, seconds=t.seconds)
+            for t in d.turns
+        ],
+        failed=d.failed,
+        latency_s=latency_s,
+        finished_at=d.finished_at,
+    )
 
 
 def _since(since: str | None) -> tuple[str, int] | None:
@@ -321,6 +363,7 @@ def _status_routes(
                 latency_p95_s=percentile(latencies, 0.95),
                 arrivals=ledger.arrivals(),
                 accepted_twice=ledger.accepted_twice(),
+                update_seconds=_update_seconds(ledger.updates()),
             )
 
     @router.get("/metrics")

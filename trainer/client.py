@@ -21,6 +21,7 @@ from cadence.trainer.api import (
     AdmitRequest,
     AdmitResponse,
     Batch,
+    EndedPage,
     LedgerView,
     PublishRequest,
     Record,
@@ -50,6 +51,12 @@ class TrainerClient(ServiceClient):
         path = "/v1/ledger" if since is None else f"/v1/ledger?since={since}"
         view: LedgerView = await self._call("GET", path, model=LedgerView)
         return view
+
+    async def ended(self, after: int = -1, limit: int = 1000) -> EndedPage:
+        """The deliveries accepted after seq `after`, by their sizes and times."""
+        return EndedPage.model_validate(
+            await self._call("GET", f"/v1/ended?after={after}&limit={limit}")
+        )
 
     async def admit(self, groups: int) -> list[int]:
         body = AdmitRequest(groups=groups)

@@ -456,6 +456,18 @@ class Ledger:
         )
         return [(float(f), int(t), None if lat is None else float(lat)) for f, t, lat in rows]
 
+    def ended_after(self, seq: int, limit: int) -> list[tuple[int, int, int, float | None, str]]:
+        """(seq, batch, group, latency_s, delivery JSON) of the accepted deliveries after
+        `seq`, in arrival order, at most `limit`."""
+        rows = self.db.execute(
+            "SELECT a.seq, s.batch, s.grp, a.latency_s, s.delivery FROM arrivals a "
+            "JOIN samples s ON s.id = a.id "
+            "WHERE a.outcome = 'accepted' AND a.seq > ? AND s.delivery IS NOT NULL "
+            "ORDER BY a.seq LIMIT ?",
+            (seq, limit),
+        )
+        return [(int(q), int(b), int(g), lat, str(d)) for q, b, g, lat, d in rows]
+
     # --- batches -------------------------------------------------------------------------
 
     def batch_complete(self, u: int) -> bool:

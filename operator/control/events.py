@@ -5,7 +5,7 @@ The run's report and the trace both read plans this way."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 from cadence.scheduler.actions import Action, Advance, Evict, Place
 from cadence.scheduler.snapshot import Snapshot
@@ -17,7 +17,7 @@ class Event(NamedTuple):
     worker)."""
 
     at: float  # seconds since the run started
-    kind: str  # evict, place, advance
+    kind: Literal["evict", "place", "advance"]
     worker: str
     trajectory: str  # "" for an advance
     detail: str

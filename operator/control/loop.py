@@ -42,6 +42,7 @@ from cadence.operator.control.apply import ActionApplier
 from cadence.operator.control.config import CycleReport, LoopConfig
 from cadence.operator.control.idle_gc import IdleCollector, collecting_between_cycles
 from cadence.operator.control.ledger_copy import LedgerCopy
+from cadence.operator.control.trace import TraceRecorder
 from cadence.scheduler.actions import Action, Evict, EvictReason
 from cadence.scheduler.cost import StepCost, floor_warning
 from cadence.scheduler.policy import Policy
@@ -87,6 +88,7 @@ class ControlLoop(ActionApplier):
     transport: httpx.AsyncBaseTransport | None = None
     # Called with every cycle's observed states (a live view, a report's timeline).
     on_observe: Callable[[Mapping[str, WorkerState]], None] | None = None
+    trace: TraceRecorder | None = None  # opened by its owner; written every cycle
     state: Any = None
     reports: list[CycleReport] = field(default_factory=list)
     # How long each advance took (fetch, check and load the weights), the last 1,000.
@@ -244,6 +246,8 @@ class ControlLoop(ActionApplier):
         )
         if self.on_observe is not None:
             self.on_observe(_Current(self._observed))
+        if self.trace is not None:
+            self.trace.observed(live)
         observed = time.perf_counter()
         requeued = await self._reconcile(view, live)
         if requeued:
@@ -284,6 +288,12 @@ class ControlLoop(ActionApplier):
         self._totals["departures"] += sum(
             isinstance(a, Evict) and a.reason == EvictReason.SOURCE for a in self.last_applied
         )
+        if self.trace is not None:
+            self.trace.applied(snapshot, self.last_applied)
+            try:
+                await self.trace.read_trainer()
+            except (TrainerError, OSError, httpx.TransportError) as e:
+                log.debug("trace: the trainer's deliveries wait for the next read: %s", describe(e))
         return report
 
     def collector(self) -> Collector:

@@ -30,16 +30,19 @@ from typing import Literal, TypeVar
 import httpx
 
 from cadence.common.errors import describe
+from cadence.common.trace import Header, Summary
 from cadence.operator.api.capacity import group_plans, hourly_price
 from cadence.operator.api.resources import MultiTurnSpec, RolloutPool, TrainingRun
 from cadence.operator.api.settings import budgets_of, knobs_of, trainer_config
 from cadence.operator.control.config import LoopConfig
 from cadence.operator.control.events import Event
+from cadence.operator.control.trace import TraceRecorder
 from cadence.operator.local import figures
 from cadence.operator.local.chaos import DEFAULT_TARGETS, Chaos
 from cadence.operator.local.figures import RunLoop, read_ledger
 from cadence.operator.local.mechanism import Sample
 from cadence.operator.local.processes import Children
+from cadence.operator.local.simulate import FREE_LINK_GB_S, SimWorkload, scenario_of
 from cadence.operator.local.supervise import PoolWorker, Supervisor
 from cadence.scheduler.registry import POLICIES
 from cadence.trainer.api import RunStats
@@ -102,6 +105,7 @@ class RunOptions:
     seed: int = 0
     lost_after_s: float = 3.0
     migration: Migration | None = None  # None: the TrainingRun's
+    trace: bool = True  # write the run's trace, trace.jsonl, in its folder
 
 
 @dataclass
@@ -211,6 +215,10 @@ async def run(
             origin=started,
         )
         sup.loop = loop
+        recorder = _recorder(pool, training, options, policy=policy, workdir=workdir, client=client)
+        if recorder is not None:
+            loop.trace = recorder
+            recorder.open()
         chaos = Chaos(
             options.chaos_every_s,
             options.chaos_targets,
@@ -241,6 +249,12 @@ async def run(
                 await loop.run(done)
                 wall = time.monotonic() - started
                 final = await _reach(client.stats, sup)
+                if recorder is not None:
+                    await _reach(lambda: recorder.read_trainer(now=True), sup)
+        except BaseException:
+            if recorder is not None:  # what it recorded stays, with no summary
+                recorder.close()
+            raise
         finally:
             await loop.aclose()
             await client.aclose()
@@ -258,7 +272,47 @@ async def run(
     measures["environment_restarts"] = sup.restarts["environment"]
     measures["chaos"] = dict(chaos.counts)
     measures["engine"] = options.engine
+    if recorder is not None:
+        recorder.close(_summary(measures))
+        measures["trace"] = str(recorder.path)
     return RunResult(measures, timeline, _read_arrivals(config), wall_started, loop.events)
+
+
+def _recorder(
+    pool: RolloutPool,
+    training: TrainingRun,
+    options: RunOptions,
+    *,
+    policy: str,
+    workdir: Path,
+    client: TrainerClient,
+) -> TraceRecorder | None:
+    """The run's trace, `trace.jsonl` in its folder; None when it is not wanted, or when
+    the run's compression is one the simulator cannot model (faster than real)."""
+    if not options.trace or options.compression > 1:
+        return None
+    workload = SimWorkload(compression=options.compression, weights_link_gb_s=FREE_LINK_GB_S)
+    header = Header(
+        scenario=scenario_of(pool, training, workload).model_dump(mode="json", exclude_unset=True),
+        policy=policy,
+        engine=options.engine,
+        compression=options.compression,
+        started_at=time.time(),
+    )
+    return TraceRecorder(workdir / "trace.jsonl", header, client, time.monotonic)
+
+
+def _summary(measures: Mapping[str, object]) -> Summary:
+    def number(key: str) -> float | None:
+        value = measures.get(key)
+        return float(value) if isinstance(value, int | float) else None
+
+    return Summary(
+        wall_seconds=number("wall_seconds") or 0.0,
+        throughput_tok_s=number("throughput_tok_s") or 0.0,
+        latency_p95_s=number("latency_p95_s"),
+        advance_seconds=number("advance_s_mean"),
+    )
 
 
 def _invite(workdir: Path, url: str, token: str, model: Path, config: TrainerConfig) -> None:

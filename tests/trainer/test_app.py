@@ -66,6 +66,26 @@ def test_a_delivery_counts_once_and_only_from_the_current_attempt(trainer: Train
     assert _call(trainer, "POST", "/v1/trajectories", json=unknown, headers=AUTH).status_code == 404
 
 
+def test_ended_lists_accepted_deliveries_by_size_in_arrival_order(trainer: Trainer) -> None:
+    _call(trainer, "POST", "/v1/admit", json={"groups": 1}, headers=AUTH)
+    prompt = trainer.ledger.group(0).prompt
+    for sid, tokens in (("g0-s1", (4, 5, 6)), ("g0-s0", (7,))):
+        record = {"attempt": 1, "state": "placed", "worker": "w0", "version": 0}
+        _call(trainer, "POST", f"/v1/samples/{sid}/record", json=record, headers=AUTH)
+        body = delivery(sid, attempt=1, prompt=prompt, tokens=tokens).model_dump(mode="json")
+        _call(trainer, "POST", "/v1/trajectories", json=body, headers=AUTH)
+        _call(trainer, "POST", "/v1/trajectories", json=body, headers=AUTH)  # a duplicate
+    page = _call(trainer, "GET", "/v1/ended", headers=AUTH).json()
+    assert [(e["id"], e["turns"][0]["tokens"]) for e in page["items"]] == [
+        ("g0-s1", 3),
+        ("g0-s0", 1),
+    ]
+    assert page["items"][0]["prompt_tokens"] == len(prompt)
+    later = _call(trainer, "GET", f"/v1/ended?after={page['last']}", headers=AUTH).json()
+    assert later == {"items": [], "last": page["last"]}
+    assert _call(trainer, "GET", "/v1/ended?limit=0", headers=AUTH).status_code == 422
+
+
 def test_bad_input_is_refused_with_a_sentence(trainer: Trainer) -> None:
     assert _call(trainer, "GET", "/v1/ledger").status_code == 401
     r = _call(trainer, "POST", "/v1/trajectories", json={"id": "x"}, headers=AUTH)

@@ -90,6 +90,23 @@ def _engine(clock: FakeClock, capacity: int = 1_000) -> EmulatedEngine:
     return EmulatedEngine(small, CountingSource(), clock=clock)
 
 
+def test_decode_steps_are_timed_with_their_batch_and_context() -> None:
+    clock = FakeClock()
+    engine = _engine(clock)
+    engine.add(EngineRequest("a", [1] * 100, max_new_tokens=2))
+    engine.add(EngineRequest("b", [2] * 50, max_new_tokens=3))
+    asyncio.run(engine.step())  # the prefill, then a step of both at 150 tokens
+    clock.work(0.5)  # the host was busy past the next step's modelled end
+    asyncio.run(engine.step())  # both, at 152: it took the host's 0.5 s, not its model's
+    asyncio.run(engine.step())  # b alone, at 52
+    steps = engine.decode_steps
+    assert steps is not None
+    assert (steps.steps, steps.sequences, steps.context_tokens) == (3, 5, 150 + 152 + 52)
+    assert engine.pacer.step_s(2, 152) < 0.5
+    paced = engine.pacer.step_s(2, 150) + engine.pacer.step_s(1, 52)
+    assert steps.seconds == pytest.approx(paced + 0.5)
+
+
 def test_requests_decode_to_their_budget_and_account_their_kv() -> None:
     clock = FakeClock()
     engine = _engine(clock)

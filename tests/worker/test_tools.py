@@ -203,8 +203,10 @@ def test_no_call_is_answered_once_none_are_left() -> None:
         await _until(core, lambda: bool(core.finished))
         return core.finished[0]
 
-    turns = _texts(asyncio.run(run()))
+    state = asyncio.run(run())
+    turns = _texts(state)
     assert [role for role, _ in turns] == ["model", "environment", "model"]
+    assert state.turns[1].seconds is not None and state.turns[1].seconds >= 0  # timed
     assert turns[2][1].startswith(" then <tool>calc 2 + 2</tool> ok")
 
 
