@@ -6,7 +6,7 @@ loop, at a time compression slow enough for the emulation to keep its accelerato
 on this machine. What the resources do not say about the workload is then read from that
 run's ledger and its control loop (mean prompt and response length, the mean update
 time, the mean time a worker's advance took) and given to the simulator
-(`operator/local/simulate.py`), which runs the same policy on the same modelled pool and
+(`operator/api/simulate.py`), which runs the same policy on the same modelled pool and
 charges each advance what the run's did.
 `ratio` is runtime over simulator; the target is within 15%.
 
@@ -27,8 +27,8 @@ from pathlib import Path
 
 from cadence.common.trace import read as read_trace
 from cadence.operator.api.files import load
+from cadence.operator.api.simulate import FREE_LINK_GB_S, SimWorkload, scenario_of
 from cadence.operator.local import run as local
-from cadence.operator.local.simulate import FREE_LINK_GB_S, SimWorkload, scenario_of
 from cadence.sim import compare
 from cadence.sim.replay import replay
 

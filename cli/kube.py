@@ -41,6 +41,7 @@ def _cmd_operator(args: argparse.Namespace) -> int:
             scrapers_namespace=args.prometheus_namespace,
             kubeconfig=args.kubeconfig,
             context=args.context,
+            trace_dir=args.trace_dir,
         )
     except CredentialsError as e:
         raise UsageError(str(e)) from None
@@ -99,6 +100,12 @@ def add_operator(sub: Commands) -> None:
         default="monitoring",
         help="the namespace whose pods may scrape workers' /metrics (default monitoring); "
         "workers take control calls only from the operator, their trainer and each other",
+    )
+    op.add_argument(
+        "--trace-dir",
+        type=Path,
+        help="write each TrainingRun's trace here, as NAMESPACE/RUN-UID.jsonl, for cadence "
+        "sim --trace (a volume of the operator's pod; default: no traces)",
     )
     op.add_argument(
         "--log-format",

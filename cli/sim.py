@@ -84,7 +84,7 @@ def _policy_settings(items: Sequence[str]) -> dict[str, dict[str, object]]:
 def load_scenario(
     path: Path, settings: Sequence[str] = (), scenario: Scenario | None = None
 ) -> Scenario:
-    """A scenario file, or the resources `cadence run` takes (`operator/local/simulate.py`),
+    """A scenario file, or the resources `cadence run` takes (`operator/api/simulate.py`),
     with `--set PATH=VALUE` overrides applied (to `scenario` instead, where given)."""
     scenario = scenario or _read_scenario(path)
     for item in settings:
@@ -106,7 +106,7 @@ def _read_scenario(path: Path) -> Scenario:
     if _holds_resources(path):
         from cadence.operator.api.files import load  # noqa: PLC0415
         from cadence.operator.api.resources import ResourceError  # noqa: PLC0415
-        from cadence.operator.local.simulate import scenario_of  # noqa: PLC0415
+        from cadence.operator.api.simulate import scenario_of  # noqa: PLC0415
 
         try:
             return scenario_of(*load(path))

@@ -126,6 +126,11 @@ def deploy(
     )
 
 
+# The modelled intra-cluster link a pull crosses: one 200G NIC, 21.7 GB/s measured
+# (docs/reference/catalog.md), as the simulator's default; the emulated engine's link.
+LINK_BYTES_PER_S = 21.7e9
+
+
 def transfer_s(kv_tokens: int, model: Model, link_bytes_per_s: float) -> float:
     """Moving a trajectory's KV over a link (same accelerator type only)."""
     return kv_tokens * model.kv_bytes_per_token / link_bytes_per_s

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Protocol
 
-from cadence.common.physics import Deployment, transfer_s
+from cadence.common.physics import LINK_BYTES_PER_S, Deployment, transfer_s
 from cadence.worker.api import DecodeSteps, Pace, StepCostInfo
 from cadence.worker.engine import (
     Clock,
@@ -38,10 +38,6 @@ from cadence.worker.engine import (
     RoomError,
     StepTotals,
 )
-
-# The modelled intra-cluster link a pull crosses: one 200G NIC, 21.7 GB/s measured
-# (docs/reference/catalog.md), as the simulator's default.
-LINK_BYTES_PER_S = 21.7e9
 
 
 @dataclass(frozen=True, slots=True)

@@ -346,6 +346,16 @@ class CompletionSpec(Spec):
     finished; unset: keep it until deleted by hand."""
 
 
+class TraceSpec(Spec):
+    """The run's trace: every delivered trajectory's sizes and tool latencies, each
+    worker's measured decode steps and every action of the control loop, as JSON Lines
+    for `cadence sim --trace` to replay. The operator writes it under its `--trace-dir`
+    (a volume of its pod), as `<namespace>/<name>-<uid>.jsonl`."""
+
+    enabled: bool = True
+    """false: no trace (an operator started without `--trace-dir` writes none either)."""
+
+
 class TrainingRunSpec(Spec):
     """What a run trains (model, dataset, batch, trainer), on which pool, and how its
     control loop schedules; only scheduler and multiTurn may change once it exists."""
@@ -393,6 +403,8 @@ class TrainingRunSpec(Spec):
     completion: CompletionSpec = CompletionSpec()
     """What happens once the run finished: its trainer stopped, the run deleted after a
     while."""
+    trace: TraceSpec = TraceSpec()
+    """Whether the control loop records the run's trace."""
 
 
 class TrainingRun(Spec):

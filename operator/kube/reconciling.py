@@ -11,6 +11,7 @@ import datetime
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -146,6 +147,8 @@ class ReconcilerBase:
     clock: Callable[[], float] = loop_time
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
     scrapers_namespace: str = "monitoring"
+    # Where run traces are written (`<namespace>/<run>-<uid>.jsonl`); None: nowhere.
+    trace_dir: Path | None = None
 
     def __post_init__(self) -> None:
         self.post = EventRecorder(self.kube)

@@ -10,10 +10,13 @@ from __future__ import annotations
 import datetime
 import logging
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import httpx
 
+from cadence.common.errors import describe
+from cadence.common.trace import Summary
 from cadence.operator.api.capacity import check_pair
 from cadence.operator.api.resources import (
     API_VERSION,
@@ -22,8 +25,10 @@ from cadence.operator.api.resources import (
     TrainingRun,
 )
 from cadence.operator.api.settings import budgets_of, knobs_of
+from cadence.operator.api.simulate import trace_header
 from cadence.operator.control.config import LoopConfig
 from cadence.operator.control.loop import ControlLoop
+from cadence.operator.control.trace import TraceRecorder
 from cadence.operator.kube import children, trainer_objects
 from cadence.operator.kube.client import KubeError, path
 from cadence.operator.kube.reconciling import (
@@ -41,6 +46,36 @@ from cadence.scheduler.registry import POLICIES
 from cadence.trainer.client import TrainerClient, TrainerError
 
 log = logging.getLogger("cadence.operator")
+
+
+def _unused_path(stem: Path) -> Path:
+    """`stem.jsonl`, or `stem.N.jsonl` for the first N free: a control loop that starts
+    again (a new operator, a changed scheduler) writes a trace of its own."""
+    path, n = stem.with_name(stem.name + ".jsonl"), 0
+    while path.exists():
+        n += 1
+        path = stem.with_name(f"{stem.name}.{n}.jsonl")
+    return path
+
+
+async def _finish_trace(
+    recorder: TraceRecorder, client: TrainerClient, loop: ControlLoop, wall_s: float
+) -> None:
+    """The last deliveries and the run's figures, where the trainer still answers."""
+    summary = None
+    try:
+        await recorder.read_trainer(now=True)
+        stats = await client.stats()
+        advances = loop.advance_seconds
+        summary = Summary(
+            wall_seconds=wall_s,
+            throughput_tok_s=stats.tokens_delivered / wall_s if wall_s > 0 else 0.0,
+            latency_p95_s=stats.latency_p95_s,
+            advance_seconds=sum(advances) / len(advances) if advances else None,
+        )
+    except (TrainerError, OSError, httpx.HTTPError) as e:
+        log.warning("trace %s ends without a summary: %s", recorder.path, describe(e))
+    recorder.close(summary)
 
 
 class RunReconciler(ReconcilerBase):
@@ -116,6 +151,40 @@ class RunReconciler(ReconcilerBase):
         if phase not in ("Running", "Starting"):
             status["phase"] = "Starting"
         return status
+
+    def _recorder(
+        self,
+        run: TrainingRun,
+        pool: RolloutPool,
+        body: Mapping[str, Any],
+        client: TrainerClient,
+    ) -> TraceRecorder | None:
+        """The run's trace under `trace_dir`, opened; None when off, or when it cannot be
+        written (said in the log and an Event: the run goes on without it)."""
+        if self.trace_dir is None or not run.spec.trace.enabled:
+            return None
+        ns, name = run.metadata.namespace, run.metadata.name
+        uid = str(body.get("metadata", {}).get("uid") or "")[:8]
+        emulated = [g for g in pool.spec.groups if g.engine.backend == "emulated"]
+        header = trace_header(
+            pool,
+            run,
+            policy=run.spec.scheduler.policy,
+            engine="emulated" if len(emulated) == len(pool.spec.groups) else "vllm",
+            compression=pool.spec.emulated_speed if emulated else 1.0,
+        )
+        path = _unused_path(
+            self.trace_dir / ns / f"{name}-{uid}" if uid else self.trace_dir / ns / name
+        )
+        recorder = TraceRecorder(path, header, client, self.clock)
+        try:
+            recorder.open()
+        except OSError as e:
+            log.warning("run %s/%s: no trace: %s", ns, name, describe(e))
+            self.post(body, "TraceFailed", f"cannot write the trace: {describe(e)}", True)
+            return None
+        self.post(body, "Tracing", f"the control loop writes its trace to {path}", False)
+        return recorder
 
     async def _complete(self, run: TrainingRun, body: Mapping[str, Any], events: Events) -> bool:
         """A finished run's completion policy: its trainer stopped (its state and Service
@@ -251,6 +320,9 @@ class RunReconciler(ReconcilerBase):
             clock=self.clock,
             sleep=self.sleep,
         )
+        recorder = self._recorder(run, pool, body, client)
+        if recorder is not None:
+            loop.trace = recorder
         reporter = RunReporter(
             self.kube,
             self.endpoint,
@@ -268,9 +340,12 @@ class RunReconciler(ReconcilerBase):
         async def done() -> bool:
             return bool(stopped) or await reporter.done()
 
+        started = self.clock()
         try:
             await loop.run(done)
         finally:
             self.metrics.runs.pop((ns, name), None)
+            if recorder is not None:
+                await _finish_trace(recorder, client, loop, self.clock() - started)
             await loop.aclose()
             await client.aclose()

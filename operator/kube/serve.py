@@ -190,13 +190,17 @@ def serve(
     scrapers_namespace: str = "monitoring",
     kubeconfig: Path | None = None,
     context: str | None = None,
+    trace_dir: Path | None = None,
 ) -> bool:
     info = connection(server=server, kubeconfig=kubeconfig, context=context)
 
     async def main() -> bool:
         kube = Kube.connect(info)
         reconciler = Reconciler(
-            kube, operator_namespace=own_namespace(), scrapers_namespace=scrapers_namespace
+            kube,
+            operator_namespace=own_namespace(),
+            scrapers_namespace=scrapers_namespace,
+            trace_dir=trace_dir,
         )
         REGISTRY.register(reconciler.metrics)
         elector = LeaderElector(kube, lease_namespace or own_namespace()) if leader_elect else None

@@ -30,10 +30,11 @@ from typing import Literal, TypeVar
 import httpx
 
 from cadence.common.errors import describe
-from cadence.common.trace import Header, Summary
+from cadence.common.trace import Summary
 from cadence.operator.api.capacity import group_plans, hourly_price
 from cadence.operator.api.resources import MultiTurnSpec, RolloutPool, TrainingRun
 from cadence.operator.api.settings import budgets_of, knobs_of, trainer_config
+from cadence.operator.api.simulate import trace_header
 from cadence.operator.control.config import LoopConfig
 from cadence.operator.control.events import Event
 from cadence.operator.control.trace import TraceRecorder
@@ -42,7 +43,6 @@ from cadence.operator.local.chaos import DEFAULT_TARGETS, Chaos
 from cadence.operator.local.figures import RunLoop, read_ledger
 from cadence.operator.local.mechanism import Sample
 from cadence.operator.local.processes import Children
-from cadence.operator.local.simulate import FREE_LINK_GB_S, SimWorkload, scenario_of
 from cadence.operator.local.supervise import PoolWorker, Supervisor
 from cadence.scheduler.registry import POLICIES
 from cadence.trainer.api import RunStats
@@ -291,13 +291,8 @@ def _recorder(
     the run's compression is one the simulator cannot model (faster than real)."""
     if not options.trace or options.compression > 1:
         return None
-    workload = SimWorkload(compression=options.compression, weights_link_gb_s=FREE_LINK_GB_S)
-    header = Header(
-        scenario=scenario_of(pool, training, workload).model_dump(mode="json", exclude_unset=True),
-        policy=policy,
-        engine=options.engine,
-        compression=options.compression,
-        started_at=time.time(),
+    header = trace_header(
+        pool, training, policy=policy, engine=options.engine, compression=options.compression
     )
     return TraceRecorder(workdir / "trace.jsonl", header, client, time.monotonic)
 

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from cadence.common.catalog import ACCELERATORS, MODELS
-from cadence.common.physics import Deployment, deploy
+from cadence.common.physics import LINK_BYTES_PER_S, Deployment, deploy
 from cadence.operator.local import processes as localpool
 from cadence.worker.api import (
     ClaimRequest,
@@ -20,7 +20,7 @@ from cadence.worker.api import (
     TrajectoryState,
 )
 from cadence.worker.core import WorkerCore
-from cadence.worker.emulated import LINK_BYTES_PER_S, EmulatedEngine, Sampled, TokenSource
+from cadence.worker.emulated import EmulatedEngine, Sampled, TokenSource
 from cadence.worker.engine import EngineRequest
 from cadence.worker.held import Identity
 

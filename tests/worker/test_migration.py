@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from cadence.common.physics import transfer_s
+from cadence.common.physics import LINK_BYTES_PER_S, transfer_s
 from cadence.worker.api import AdvanceRequest, Migration, PlaceResponse
 from cadence.worker.core import WorkerCore
-from cadence.worker.emulated import LINK_BYTES_PER_S, EmulatedEngine
+from cadence.worker.emulated import EmulatedEngine
 
 from .factories import CountingSource, Pool, fresh, moved
 

@@ -12,7 +12,7 @@ import pytest
 from cadence.cli import main
 from cadence.operator.api.files import load
 from cadence.operator.api.settings import knobs_of
-from cadence.operator.local.simulate import SimWorkload, scenario_of
+from cadence.operator.api.simulate import SimWorkload, scenario_of
 from tests.helpers import LONGTAIL, TRAINING_RUN
 
 EXAMPLE = TRAINING_RUN

@@ -11,6 +11,7 @@ simulated run and an emulated one model the same hardware at the same pace.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,9 +19,11 @@ from cadence.common.catalog import MODELS
 from cadence.common.physics import (
     BANDWIDTH_EFFICIENCY,
     DECODE_MFU,
+    LINK_BYTES_PER_S,
     PREFILL_MFU,
     STEP_OVERHEAD_S,
 )
+from cadence.common.trace import Header
 from cadence.operator.api.capacity import group_plans, sim_group
 from cadence.operator.api.resources import (
     SIZING_DELTA,
@@ -37,7 +40,6 @@ from cadence.sim.scenario import (
     TrainerSettings,
     Workload,
 )
-from cadence.worker.emulated import LINK_BYTES_PER_S
 
 # The emulated engine does not model moving the catalog model's weights (it loads the tiny
 # model's), so the simulator compared with it sends them from the trainer for free and
@@ -58,6 +60,22 @@ class SimWorkload:
     # model's weights over `weights_link_gb_s`); the simulator then charges each
     # advance that long.
     advance_seconds: float | None = None
+
+
+def trace_header(
+    pool: RolloutPool, run: TrainingRun, *, policy: str, engine: str, compression: float
+) -> Header:
+    """A run trace's header: the scenario of the run's resources, as `cadence sim
+    --scenario` reads them, with the modelled accelerators at `compression` and weights
+    sent for free (a replay charges an advance what the trace's took)."""
+    workload = SimWorkload(compression=compression, weights_link_gb_s=FREE_LINK_GB_S)
+    return Header(
+        scenario=scenario_of(pool, run, workload).model_dump(mode="json", exclude_unset=True),
+        policy=policy,
+        engine=engine,
+        compression=compression,
+        started_at=time.time(),
+    )
 
 
 def scenario_of(pool: RolloutPool, run: TrainingRun, w: SimWorkload = SimWorkload()) -> Scenario:
