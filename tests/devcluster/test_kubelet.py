@@ -19,6 +19,7 @@ import httpx
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
+from cadence.common.trace import read as read_trace
 from cadence.devcluster.emulator import KubernetesEmulator, call, write_kubeconfig
 from cadence.devcluster.kubelet import Kubelet, available
 from cadence.operator.kube import children
@@ -59,9 +60,9 @@ def _docs(iterations: int) -> dict[str, dict[str, Any]]:
     return docs
 
 
-def _reconciler(node: Kubelet) -> Callable[[Kube], Reconciler]:
+def _reconciler(node: Kubelet, traces: Path | None = None) -> Callable[[Kube], Reconciler]:
     def make(kube: Kube) -> Reconciler:
-        return Reconciler(kube, status_every_s=0.5, transport=node.transport())
+        return Reconciler(kube, status_every_s=0.5, transport=node.transport(), trace_dir=traces)
 
     return make
 
@@ -84,7 +85,7 @@ def on_node(
     names, as a client in the cluster would."""
     with (
         node_only(tmp_path, model, kube) as (url, node),
-        operator_thread(url, _reconciler(node)) as reconciler,
+        operator_thread(url, _reconciler(node, tmp_path / "traces")) as reconciler,
     ):
         yield url, node, reconciler
 
@@ -299,6 +300,11 @@ def test_a_run_trains_on_pods_the_kubelet_runs_from_their_specs(
     assert status["tokensPerSecond"] > 0 and 0 < status["latencyP50S"] <= status["latencyP95S"]
     assert status["tokensPerDollar"] > 0
     _ledger_is_whole(_ledger(tmp_path), iterations * 8 * 8)
+    (written,) = (tmp_path / "traces" / "default").glob("digits-*.jsonl")
+    trace = read_trace(written)  # the run's trace, replayable
+    assert len(trace.trajectories) == iterations * 8 * 8 and trace.steps and trace.actions
+    assert trace.summary is not None and trace.summary.throughput_tok_s > 0
+    assert {"Tracing"} <= {e["reason"] for e in events}
 
 
 def test_an_operator_restarted_mid_run_rebuilds_and_finishes_it(
@@ -309,7 +315,7 @@ def test_an_operator_restarted_mid_run_rebuilds_and_finishes_it(
     resident on two workers, and every admitted sample is consumed once."""
     docs = _docs(iterations=6)
     with node_only(tmp_path, tiny_model) as (url, node), watching(url) as watcher:
-        with operator_thread(url, _reconciler(node)):
+        with operator_thread(url, _reconciler(node, tmp_path / "traces")):
             call(url, "POST", f"{NS}/rolloutpools", docs["RolloutPool"])
             call(url, "POST", f"{NS}/trainingruns", docs["TrainingRun"])
             eventually(
@@ -317,13 +323,18 @@ def test_an_operator_restarted_mid_run_rebuilds_and_finishes_it(
                 timeout_s=240,
                 what="the run at version 2",
             )
-        with operator_thread(url, _reconciler(node)):
+        with operator_thread(url, _reconciler(node, tmp_path / "traces")):
             _succeeded(
                 url, node, tmp_path, timeout_s=300, what="the run Succeeded under the new operator"
             )
     assert watcher.errors == [] and watcher.polls > 20 and watcher.residents > 0
     assert watcher.doubles == []
     _ledger_is_whole(_ledger(tmp_path), 6 * 8 * 8)
+    # Each operator's loop wrote a trace of its own; the second's ends with the run.
+    names = sorted(p.name for p in (tmp_path / "traces" / "default").glob("digits-*.jsonl"))
+    second, first = names  # digits-UID.1.jsonl sorts first
+    assert second == first.replace(".jsonl", ".1.jsonl")
+    assert read_trace(tmp_path / "traces" / "default" / second).summary is not None
 
 
 def test_scale_in_mid_run_drains_the_pod_by_sigterm_and_loses_nothing(
