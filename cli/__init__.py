@@ -21,7 +21,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from cadence.cli import bench, docs, kube, run, services, sim
+from cadence.cli import advise, bench, docs, kube, run, services, sim
 from cadence.cli.common import PROG, Parser, RunFailed, UsageError
 from cadence.scheduler import ConfigError
 from cadence.sim.core import StallError
@@ -39,6 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     # In the order `cadence --help` lists them.
     sim.add_plan(sub)
     sim.add_sim(sub)
+    advise.add_advise(sub)
     services.add_worker(sub)
     run.add_run(sub)
     services.add_trainer(sub)

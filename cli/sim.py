@@ -232,7 +232,7 @@ def _progress() -> Iterator[compare.Progress]:
         yield _BarProgress(bar)
 
 
-def _replayed(path: Path) -> tuple[Scenario, Trace, Replay]:
+def replayed(path: Path) -> tuple[Scenario, Trace, Replay]:
     """The scenario a run trace describes, and the trace (`sim/replay.py`)."""
     try:
         trace = read_trace(path)
@@ -285,7 +285,7 @@ def _cmd_sim(args: argparse.Namespace) -> int:
         raise UsageError("give either --scenario FILE or --trace FILE")
     traced: tuple[Scenario, Trace, Replay] | None = None
     if args.trace is not None:
-        traced = _replayed(args.trace)
+        traced = replayed(args.trace)
         scenario = load_scenario(args.trace, args.set or (), scenario=traced[0])
         args.scenario = args.trace
         if args.policies is None:

@@ -50,6 +50,7 @@ from cadence.sim.records import (
     slowest_tenth_share,
     tail_anatomy,
 )
+from cadence.sim.resize import Resizer
 from cadence.sim.scenario import Scenario, transfer_group
 
 STALL_S = 600.0
@@ -68,21 +69,12 @@ class Simulation:
         self.state = policy.initial_state()
         self.model = MODELS[scenario.model]
         phys = scenario.physics
+        self.now = 0.0
         self.workers: dict[str, Worker] = {}
+        self._made: dict[str, int] = {}  # workers made so far per group, for their ids
         for group, deployed in zip(scenario.groups, scenario.deployments(), strict=True):
-            d = deployed.deployment
-            price = d.accelerator.price_per_hour
-            for i in range(deployed.workers):
-                wid = f"{group.name}-{i}"
-                self.workers[wid] = Worker(
-                    wid,
-                    group.name,
-                    group.affinity,
-                    d,
-                    price.value * d.tp if price is not None else None,
-                    ModelledEngine(d, phys.max_batch),
-                    transfer_group=transfer_group(d) if phys.kv_transfer else None,
-                )
+            for _ in range(deployed.workers):
+                self.add_worker(group.name)
         w = scenario.workload
         s = scenario.scheduling
         self.knobs = dataclasses.replace(s.knobs(), max_model_len=scenario.max_model_len)
@@ -106,7 +98,6 @@ class Simulation:
         self.complete_groups: list[int] = []  # in order of completion
         self.oldest_complete = getattr(policy, "trainer_takes", "") == "oldest_complete"
         self.training: float | None = None  # when the version being trained is published
-        self.now = 0.0
         self.migrations = 0
         self.migrations_kv = 0
         self.migrated_kv_bytes = 0.0
@@ -119,6 +110,58 @@ class Simulation:
         self._progress_at = 0.0  # when something last decoded, trained, loaded or returned
         self.traced = trace
         self.trace: list[TracePoint] = []
+        # What removed workers decoded and preempted, and the pool's cost so far.
+        self.retired_tokens = 0
+        self.retired_preemptions = 0
+        self.dollars = 0.0
+        self.resizer = Resizer(scenario) if scenario.autoscaling is not None else None
+
+    # --- the pool ----------------------------------------------------------------------
+
+    def add_worker(self, group: str, start_s: float = 0.0) -> Worker:
+        """A new worker of `group`, taking work `start_s` from now (with no weights: the
+        policy advances it to a version, as it does any new worker)."""
+        i = next(i for i, g in enumerate(self.scenario.groups) if g.name == group)
+        g, d = self.scenario.groups[i], self.scenario.deployments()[i].deployment
+        n = self._made.get(group, 0)
+        self._made[group] = n + 1
+        price = d.accelerator.price_per_hour
+        engine = ModelledEngine(d, self.scenario.physics.max_batch)
+        engine.time = self.now + start_s
+        w = Worker(
+            f"{group}-{n}",
+            group,
+            g.affinity,
+            d,
+            price.value * d.tp if price is not None else None,
+            engine,
+            transfer_group=transfer_group(d) if self.scenario.physics.kv_transfer else None,
+        )
+        self.workers[w.id] = w
+        return w
+
+    def remove_worker(self, wid: str) -> None:
+        """Drain `wid` and let it go: what it held waits to be placed elsewhere (a move,
+        re-prefilled: its KV goes with it), as a drained pod's residents do."""
+        w = self.workers.pop(wid)
+        self._views.pop(wid, None)
+        for rid, _ in w.engine.residents():
+            t = self.trajectories[rid]
+            request = w.engine.remove(rid)
+            t.context = request.context
+            t.generated = t.context - t.sample.prompt_tokens - t.observed
+            t.state, t.worker, t.parked_on, t.pending_since = "pending", None, None, self.now
+            t.moves += 1
+            t.evicted = True
+            assert t.version is not None
+            self._pending.put(PendingTrajectory(t.sample.id, t.version, t.context, self.now))
+        self.retired_tokens += w.engine.decoded_tokens
+        self.retired_preemptions += w.engine.preemptions
+
+    @property
+    def price_per_hour(self) -> float | None:
+        prices = [w.price_per_hour for w in self.workers.values()]
+        return None if None in prices else sum(p for p in prices if p is not None)
 
     # --- observation -----------------------------------------------------------------
 
@@ -334,9 +377,19 @@ class Simulation:
         return self.consumed >= self.scenario.workload.iterations
 
     def step(self) -> None:
-        """One control period: observe, plan, apply, then let time run to its end."""
-        actions, self.state = self.policy.plan(self.snapshot(), self.state)
+        """One control period: observe, plan, apply (and resize the pool, under
+        autoscaling), then let time run to its end."""
+        snapshot = self.snapshot()
+        actions, self.state = self.policy.plan(snapshot, self.state)
+        # The resizer reads the snapshot (valid until the plan is applied) and the plan,
+        # and resizes once the plan has been applied to the workers it named.
+        signal = self.resizer.observe(self, snapshot, actions) if self.resizer else None
         self.apply(actions)
+        if self.resizer is not None and signal is not None:
+            self.resizer.act(self, signal)
+        price = self.price_per_hour
+        if price is not None:
+            self.dollars += price * self.scenario.scheduling.control_period_s / 3600.0
         until = self.now + self.scenario.scheduling.control_period_s
         self._decode_until(until)
         self._environments(until)
@@ -457,21 +510,21 @@ class Simulation:
         latencies = [
             t.done_at - t.first_step for t in done if t.done_at and t.first_step is not None
         ]
-        tokens = sum(w.engine.decoded_tokens for w in self.workers.values())
+        tokens = self.retired_tokens + sum(w.engine.decoded_tokens for w in self.workers.values())
         b = self.scenario.workload.prompts_per_batch
         extras: dict[str, Any] = {
             "slowest_tenth_time_share": slowest_tenth_share(done, b),
             **tail_anatomy(done, b),
         }
-        hours = self.now / 3600.0
-        prices = [w.price_per_hour for w in self.workers.values()]
-        dollars = sum(p for p in prices if p is not None) * hours
+        if self.resizer is not None:
+            extras["autoscaling"] = self.resizer.summary(self)
+        priced = self.price_per_hour is not None
         return Result(
             policy=getattr(self.policy, "name", type(self.policy).__name__),
             throughput_tok_s=tokens / self.now,
             latency_p50_s=statistics.median(latencies),
             latency_p95_s=percentile(latencies, 0.95),
-            tokens_per_dollar=tokens / dollars if dollars and None not in prices else None,
+            tokens_per_dollar=tokens / self.dollars if self.dollars and priced else None,
             trajectories=len(done),
             migrations=self.migrations,
             migrations_kv=self.migrations_kv,
@@ -479,7 +532,8 @@ class Simulation:
             migrated_kv_bytes=self.migrated_kv_bytes,
             reprefilled_tokens=self.reprefilled_tokens,
             reprefilled_kv_bytes=float(self.reprefilled_tokens * self.model.kv_bytes_per_token),
-            preemptions=sum(w.engine.preemptions for w in self.workers.values()),
+            preemptions=self.retired_preemptions
+            + sum(w.engine.preemptions for w in self.workers.values()),
             simulated_seconds=self.now,
             generated_tokens=tokens,
             staleness_bound=self.policy.staleness_bound(self.knobs.eta),

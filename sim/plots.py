@@ -13,6 +13,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 from cadence.common.captions import captioned
+from cadence.sim.advise import Advice
 from cadence.sim.records import Result
 
 THROUGHPUT_CAPTION = (
@@ -145,6 +146,75 @@ def frontier(path_name: str, by_value: dict[object, list[Result]], path: Path) -
     ax.set_title(f"Throughput and P95 latency along {path_name}")
     ax.legend()
     captioned(fig, FRONTIER_CAPTION)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+ADVICE_CAPTION = (
+    "Pool mixes run at full fidelity: throughput against P95 latency, coloured by tokens "
+    "per dollar. Ringed points are the Pareto set over the three; the square is the "
+    "scenario's own pool, the star the recommended mix. Lower right is better."
+)
+
+
+def advice(found: Advice, path: Path) -> Path:
+    """The advisor's full runs, its Pareto set, the current pool and its pick."""
+    fig, ax = plt.subplots(figsize=(8, 5.5))
+    runs = found.finals
+    dots = ax.scatter(
+        [o.throughput_tok_s for o in runs],
+        [o.latency_p95_s for o in runs],
+        c=[o.tokens_per_dollar for o in runs],
+        cmap="viridis",
+        s=40,
+        zorder=2,
+    )
+    fig.colorbar(dots, ax=ax, label="tokens per dollar")
+    ax.scatter(
+        [o.throughput_tok_s for o in found.frontier],
+        [o.latency_p95_s for o in found.frontier],
+        facecolors="none",
+        edgecolors="black",
+        s=140,
+        label="Pareto set",
+        zorder=3,
+    )
+    for o in found.frontier:
+        ax.annotate(
+            found.describe(o.mix),
+            (o.throughput_tok_s, o.latency_p95_s),
+            textcoords="offset points",
+            xytext=(6, 4),
+            fontsize=7,
+        )
+    if found.reference is not None:
+        r = found.reference
+        ax.scatter(
+            [r.throughput_tok_s],
+            [r.latency_p95_s],
+            marker="s",
+            color="red",
+            s=80,
+            label="current pool",
+            zorder=4,
+        )
+    if found.recommended is not None:
+        r = found.recommended
+        ax.scatter(
+            [r.throughput_tok_s],
+            [r.latency_p95_s],
+            marker="*",
+            color="orange",
+            s=260,
+            label="recommended",
+            zorder=5,
+        )
+    ax.set_xlabel("decode tokens/s")
+    ax.set_ylabel("P95 latency (s)")
+    ax.set_title(f"Pool mixes within {found.budget_per_hour:g} per hour")
+    ax.legend(loc="upper left", fontsize=8)
+    captioned(fig, ADVICE_CAPTION)
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path

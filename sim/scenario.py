@@ -112,6 +112,10 @@ class Group(Strict):
     tensor_parallel: TensorParallel | None = None
     kv_tokens: int | None = Field(default=None, ge=1, le=MAX_TOKENS * 64)
     efficiency: StepEfficiency | None = None  # unset: the scenario's physics
+    # Under `autoscaling`: the fewest and most workers the group may have (most unset:
+    # the workers its devices make, so it cannot grow).
+    min_workers: int = Field(default=0, ge=0, le=MAX_DEVICES)
+    max_workers: int | None = Field(default=None, ge=1, le=MAX_DEVICES)
 
     @model_validator(mode="after")
     def _known(self) -> Self:
@@ -202,6 +206,10 @@ class Workload(Strict):
     env_latency_s: float = Field(default=2.0, ge=0, le=MAX_SECONDS)
     env_latency: LatencyLawSpec | None = None
     observation_tokens: int = Field(default=128, ge=0, le=MAX_TOKENS)
+    # A workload that shifts as training proceeds: each batch's responses are (1 +
+    # growth) times as long as the last batch's draws (answers grow as a policy learns
+    # to reason at length), capped by max_model_len.
+    response_growth: float = Field(default=0.0, ge=-0.9, le=10.0)
 
     @model_validator(mode="after")
     def _one_law(self) -> Self:
@@ -217,6 +225,21 @@ class Workload(Strict):
         if self.env_latency is not None and "env_latency_s" in given:
             raise ValueError("give either env_latency or env_latency_s, not both")
         return self
+
+
+class Autoscaling(Strict):
+    """The pool resizes itself during the run, by the operator's rule
+    (`scheduler/autoscale.py`); each group between its `min_workers` and `max_workers`."""
+
+    budget_per_hour: float = Field(gt=0, le=1e9)
+    objective: Literal["throughput_per_dollar", "tail_latency"] = "throughput_per_dollar"
+    period_s: float = Field(default=30.0, gt=0, le=3_600)
+    scale_up_stabilization_s: float = Field(default=60.0, ge=0, le=86_400)
+    scale_down_stabilization_s: float = Field(default=300.0, ge=0, le=86_400)
+    max_step: int = Field(default=4, ge=1, le=1_000)
+    # From a group's scale-out to its new worker taking work: the pod, the engine and
+    # the model's weights (the worker then loads the serving version's, as any does).
+    start_s: float = Field(default=60.0, ge=0, le=3_600)
 
 
 class TrainerSettings(Strict):
@@ -315,6 +338,7 @@ class Scenario(Strict):
     workload: Workload = Workload()
     trainer: TrainerSettings = TrainerSettings()
     scheduling: Scheduling = Scheduling()
+    autoscaling: Autoscaling | None = None  # unset: the pool keeps its size
     seed: int = Field(default=0, ge=0, le=2**63)
     _deployments: tuple[GroupDeployment, ...] = PrivateAttr(default=())
 
@@ -410,6 +434,7 @@ class Scenario(Strict):
                 lengths=lengths,
                 max_model_len=self.max_model_len,
                 multi_turn=turns,
+                scale=(1.0 + w.response_growth) ** (group // w.prompts_per_batch),
             )
 
     def traced_sample(self) -> str:

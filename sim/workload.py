@@ -182,13 +182,14 @@ def generate_group(
     lengths: LengthLaw,
     max_model_len: int,
     multi_turn: MultiTurn,
+    scale: float = 1.0,
 ) -> list[Sample]:
-    """The `samples` of prompt group `group`."""
+    """The `samples` of prompt group `group`, each response `scale` times its draw."""
     room = max(1, max_model_len - prompt_tokens)
     draw = lengths.start_group(rng)
     out = []
     for s in range(samples):
-        n = max(1, min(room, int(draw(rng))))
+        n = max(1, min(room, int(draw(rng) * scale)))
         calls: tuple[int, ...] = ()
         latencies: tuple[float, ...] = ()
         observation = 0

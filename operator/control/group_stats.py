@@ -12,7 +12,8 @@ worker of that group is what would serve it. Fresh samples are not demand: admis
 paces them by the staleness bound, and they fill whatever headroom exists. Parked
 trajectories waiting on their environment are not either: no worker can take them.
 
-A pure function over the snapshot and the plan, as the scheduler is.
+A pure function over the snapshot and the plan, as the scheduler is; the demand's
+attribution is the autoscaler's (`scheduler/autoscale.py`), which scales by it.
 """
 
 from __future__ import annotations
@@ -20,17 +21,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from cadence.scheduler.actions import Action, Evict, Place
-from cadence.scheduler.snapshot import Knobs, Snapshot
-
-
-@dataclass(frozen=True, slots=True)
-class GroupShape:
-    """A RolloutGroup as demand sees it: its name, affinity and one worker's KV tokens."""
-
-    name: str
-    affinity: int
-    capacity: int
+from cadence.scheduler.actions import Action
+from cadence.scheduler.autoscale import GroupShape, demand
+from cadence.scheduler.snapshot import Snapshot
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,25 +34,6 @@ class GroupStats:
     headroom_tokens: int = 0  # free KV tokens per worker, on average
     pending_trajectories: int = 0
     pending_tokens: int = 0
-
-
-def waiting(snapshot: Snapshot, actions: Sequence[Action]) -> dict[str, int]:
-    """Trajectory id -> context of what waits for a worker after `actions` are applied."""
-    placed = {a.trajectory for a in actions if isinstance(a, Place)}
-    left = {p.id: p.context for p in snapshot.pending if p.placeable and p.id not in placed}
-    for a in actions:
-        if isinstance(a, Evict) and a.trajectory not in placed:
-            left[a.trajectory] = a.context
-    return left
-
-
-def wanted_group(context: int, groups: Sequence[GroupShape], knobs: Knobs) -> str | None:
-    """The highest-affinity group (then the larger, then by name) that could hold a
-    trajectory of `context` tokens above the floor and one decode reserve."""
-    fits = [g for g in groups if g.capacity - context >= knobs.h_min + knobs.delta]
-    if not fits:
-        return None
-    return min(fits, key=lambda g: (-g.affinity, -g.capacity, g.name)).name
 
 
 def group_stats(
@@ -74,12 +48,7 @@ def group_stats(
     for i, w in enumerate(snapshot.workers):
         if group_of.get(w.id) in members:
             members[group_of[w.id]].append(i)
-    demand = {g.name: [0, 0] for g in groups}
-    for context in waiting(snapshot, actions).values():
-        name = wanted_group(context, groups, snapshot.knobs)
-        if name is not None:
-            demand[name][0] += 1
-            demand[name][1] += context
+    waits = demand(snapshot, actions, groups)
     out = {}
     for g in groups:
         ws = [snapshot.workers[i] for i in members[g.name]]
@@ -89,7 +58,7 @@ def group_stats(
             versions=tuple(sorted({w.version for w in ws if w.version is not None})),
             mean_context=round(sum(contexts) / len(contexts), 1) if contexts else 0.0,
             headroom_tokens=sum(w.headroom for w in ws) // len(ws) if ws else 0,
-            pending_trajectories=demand[g.name][0],
-            pending_tokens=demand[g.name][1],
+            pending_trajectories=waits[g.name][0],
+            pending_tokens=waits[g.name][1],
         )
     return out

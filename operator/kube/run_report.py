@@ -19,12 +19,13 @@ from pydantic import ValidationError
 from cadence.common.clock import loop_time
 from cadence.operator.api.capacity import group_capacities, hourly_price
 from cadence.operator.api.resources import API_VERSION, RolloutPool, TrainingRun, as_written
-from cadence.operator.control.group_stats import GroupShape, group_stats
+from cadence.operator.control.group_stats import group_stats
 from cadence.operator.control.loop import ControlLoop
 from cadence.operator.kube import children
 from cadence.operator.kube.client import KubeApi, KubeError, path
 from cadence.operator.kube.events import Post
 from cadence.operator.kube.metrics import RunSeries
+from cadence.scheduler.autoscale import GroupShape
 from cadence.trainer.client import TrainerClient, TrainerError
 
 log = logging.getLogger("cadence.operator")

@@ -3,8 +3,9 @@
 
 from __future__ import annotations
 
-from cadence.operator.control.group_stats import GroupShape, group_stats, wanted_group
+from cadence.operator.control.group_stats import group_stats
 from cadence.scheduler.actions import Action, Evict, EvictReason, Place
+from cadence.scheduler.autoscale import GroupShape, wanted_group
 from cadence.scheduler.cadence import CadencePolicy
 from tests.scheduler.factories import make_knobs, make_pending, make_snapshot, make_worker
 
