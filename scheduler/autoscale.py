@@ -86,9 +86,12 @@ class AutoscaleSpec:
 
 @dataclass(frozen=True, slots=True)
 class Decision:
+    """A group's target and why; `changed` when it differs from the group's replicas."""
+
     group: str
     replicas: int
     reason: str
+    changed: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,7 +150,7 @@ def admission_room(snapshot: Snapshot) -> int:
 def decide(
     signal: PoolSignal, spec: AutoscaleSpec, state: AutoscaleState
 ) -> tuple[list[Decision], AutoscaleState]:
-    """Each group's target now and why; only groups whose target changes are listed."""
+    """Each group's target now and why, in the order of `signal.groups`."""
     raw = _recommend(signal, spec)
     history = dict(state.history)
     started = signal.now if state.started is None else state.started
@@ -161,9 +164,8 @@ def decide(
         target[g.name] = _stabilised(g, (want, why), seen, (signal.now, watched), spec)
     target = _within_budget(signal.groups, target, spec.budget_per_hour)
     out = [
-        Decision(g.name, target[g.name][0], target[g.name][1])
+        Decision(g.name, target[g.name][0], target[g.name][1], target[g.name][0] != g.replicas)
         for g in signal.groups
-        if target[g.name][0] != g.replicas
     ]
     return out, replace(state, history=history, started=started)
 

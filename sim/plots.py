@@ -1,6 +1,6 @@
 """PNG plots of simulated runs: the throughput arc, mean context per accelerator type (the
 paper's Figure 13), one long trajectory's life (Figure 14) and knob sweeps (Figures 15 and
-16), one line or panel per policy."""
+16), one line or panel per policy; and the pool advisor's frontier (`cadence advise`)."""
 
 from __future__ import annotations
 
@@ -185,7 +185,8 @@ def advice(found: Advice, path: Path) -> Path:
             found.describe(o.mix),
             (o.throughput_tok_s, o.latency_p95_s),
             textcoords="offset points",
-            xytext=(6, 4),
+            xytext=(-8, 6),
+            ha="right",
             fontsize=7,
         )
     if found.reference is not None:

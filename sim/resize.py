@@ -97,7 +97,7 @@ class Resizer:
     def act(self, sim: Simulation, pool: PoolSignal) -> None:
         """Each group to the target the rule decides."""
         decisions, self.state = decide(pool, self.spec, self.state)
-        for dec in decisions:
+        for dec in (d for d in decisions if d.changed):
             self.replicas[dec.group] = dec.replicas
             self.decisions.append(
                 {"at": sim.now, "group": dec.group, "replicas": dec.replicas, "reason": dec.reason}

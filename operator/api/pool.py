@@ -233,6 +233,57 @@ class PoolGroup(GroupSettings):
     worker pods POOL-NAME-INDEX."""
 
 
+class AutoscalingSpec(Spec):
+    """The operator resizes the pool's groups as the run goes (off unless enabled): each
+    period, from what its control loop sees, it sets every RolloutGroup's replicas
+    through `/scale`, within the group's minReplicas and maxReplicas, never letting the
+    pool cost more than budgetPerHour (workers being let go count until they are gone).
+    A pool short of KV grows the group that buys the most (tok/$, or tok/s per worker
+    for tailLatency); trajectories waiting for a group (the tail) grow that group; a
+    pool with little to decode and no fresh work waiting lets the group that buys the
+    least go, through the drain rule. The RolloutPool's status and Events say each
+    decision and its reason."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel_rule(
+                    "!self.enabled || has(self.budgetPerHour)",
+                    "autoscaling needs budgetPerHour when enabled",
+                )
+            ]
+        }
+    )
+
+    enabled: bool = False
+    """Run the autoscaler for this pool's groups."""
+    budget_per_hour: float | None = Field(default=None, gt=0)
+    """The most the pool may cost an hour, by its groups' pricePerHour (required when
+    enabled)."""
+    objective: Literal["throughputPerDollar", "tailLatency"] = "throughputPerDollar"
+    """throughputPerDollar: grow the type with the most measured tok/s per dollar;
+    tailLatency: the type with the most tok/s per worker."""
+    period_s: float = Field(default=30.0, gt=0, le=3600)
+    """How often the targets are computed."""
+    scale_up_stabilization_s: float = Field(default=60.0, ge=0, le=86400)
+    """A group grows only to what every computation of this window asked for."""
+    scale_down_stabilization_s: float = Field(default=300.0, ge=0, le=86400)
+    """A group shrinks only to the most any computation of this window asked for."""
+    max_step: int = Field(default=4, ge=1, le=1000)
+    """Workers one decision adds to or removes from a group."""
+    target_utilization: float = Field(default=0.75, gt=0, le=1)
+    """The share of the pool's KV its work should fill."""
+    export_only: bool = False
+    """Compute and export the targets (the cadence_group_desired_replicas metric, the
+    status) but write no /scale: an HPA or KEDA acts on the metric instead."""
+
+    @model_validator(mode="after")
+    def _budget(self) -> Self:
+        if self.enabled and self.budget_per_hour is None:
+            raise ValueError("autoscaling needs budgetPerHour when enabled")
+        return self
+
+
 class RolloutPoolSpec(Spec):
     """Groups of rollout workers, one accelerator type each, and the image they run."""
 
@@ -267,6 +318,8 @@ class RolloutPoolSpec(Spec):
     whose ca.crt their clients trust; none: plain HTTP. It must name
     *.<pool>-workers.<namespace>.svc and <run>-trainer.<namespace>.svc
     (manifests/examples/tls.yaml)."""
+    autoscaling: AutoscalingSpec = AutoscalingSpec()
+    """The operator's autoscaler for the pool's groups; off by default."""
 
     @model_validator(mode="after")
     def _unique(self) -> Self:

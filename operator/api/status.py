@@ -58,6 +58,30 @@ class GroupStatus(Spec):
     """Those trajectories' context, in tokens."""
 
 
+class GroupTarget(Spec):
+    """One group's target as the autoscaler last computed it, and why."""
+
+    name: str
+    """The RolloutGroup."""
+    replicas: int
+    """Its target."""
+    reason: str
+    """Why, in a sentence."""
+
+
+class AutoscalingStatus(Spec):
+    """What the autoscaler last decided (spec.autoscaling)."""
+
+    decided_at: str = ""
+    """When, as an RFC 3339 time."""
+    cost_per_hour: float = 0.0
+    """What the pool's workers cost an hour then, those being let go included."""
+    budget_per_hour: float = 0.0
+    """The budget it kept within."""
+    groups: list[GroupTarget] = []
+    """Each group's target and its reason."""
+
+
 class RolloutPoolStatus(Spec):
     """The pool's workers and what they serve, written by the operator."""
 
@@ -75,6 +99,8 @@ class RolloutPoolStatus(Spec):
     """Each group's workers, versions and waiting work."""
     conditions: Conditions = []
     """Ready, Progressing and Degraded, one of each type."""
+    autoscaling: AutoscalingStatus | None = None
+    """The autoscaler's last decision, while it runs."""
 
 
 class TrainingRunStatus(Spec):

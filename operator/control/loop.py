@@ -89,6 +89,9 @@ class ControlLoop(ActionApplier):
     # Called with every cycle's observed states (a live view, a report's timeline).
     on_observe: Callable[[Mapping[str, WorkerState]], None] | None = None
     trace: TraceRecorder | None = None  # opened by its owner; written every cycle
+    # Tokens each worker's engine has decoded since it started, as last observed (its
+    # decode steps' sequences; absent where the engine does not time its steps).
+    decoded: dict[str, int] = field(default_factory=dict)
     state: Any = None
     reports: list[CycleReport] = field(default_factory=list)
     # How long each advance took (fetch, check and load the weights), the last 1,000.
@@ -248,6 +251,9 @@ class ControlLoop(ActionApplier):
             self.on_observe(_Current(self._observed))
         if self.trace is not None:
             self.trace.observed(live)
+        for wid, st in live.items():
+            if st.decode_steps is not None:
+                self.decoded[wid] = st.decode_steps.sequences
         observed = time.perf_counter()
         requeued = await self._reconcile(view, live)
         if requeued:

@@ -34,6 +34,7 @@ class RunSeries:
     groups: dict[str, GroupStats] = field(default_factory=dict)  # RolloutGroup name -> stats
     version: int = 0
     tokens_per_second: float = 0.0
+    desired: dict[str, int] = field(default_factory=dict)  # the autoscaler's targets
 
 
 @dataclass(eq=False)  # registries key collectors by identity
@@ -64,6 +65,16 @@ class OperatorMetrics(Collector):
                 for group, stats in sorted(run.groups.items()):
                     family.add_metric([ns, run.pool, group], getattr(stats, name))
             yield family
+        desired = GaugeMetricFamily(
+            "cadence_group_desired_replicas",
+            "The replicas the pool's autoscaler wants for this group (spec.autoscaling); an "
+            "HPA or KEDA may scale the group on it.",
+            labels=group_labels,
+        )
+        for (ns, _), run in sorted(self.runs.items()):
+            for group, n in sorted(run.desired.items()):
+                desired.add_metric([ns, run.pool, group], n)
+        yield desired
         run_labels = ["namespace", "trainingrun"]
         version = GaugeMetricFamily(
             "cadence_run_policy_version", "The newest policy version.", labels=run_labels

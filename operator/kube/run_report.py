@@ -22,6 +22,7 @@ from cadence.operator.api.resources import API_VERSION, RolloutPool, TrainingRun
 from cadence.operator.control.group_stats import group_stats
 from cadence.operator.control.loop import ControlLoop
 from cadence.operator.kube import children
+from cadence.operator.kube.autoscaler import Autoscaler, Seen
 from cadence.operator.kube.client import KubeApi, KubeError, path
 from cadence.operator.kube.events import Post
 from cadence.operator.kube.metrics import RunSeries
@@ -64,11 +65,14 @@ class RunReporter:
     reported_floor: set[str] = field(default_factory=set)  # workers warned of a thin hMin
     written: dict[str, Status] = field(default_factory=dict)  # each group's last status
     uids: dict[str, str] = field(default_factory=dict)  # each member pod's UID
+    dollars: float = 0.0  # what the pool's pods have cost so far
+    costed: float | None = None  # when `dollars` was last brought up to date
 
     def __post_init__(self) -> None:
         if self.started is None:
             self.started = self.clock()
         self.series = RunSeries(pool=self.pool.metadata.name, loop=self.loop)
+        self.autoscaler = Autoscaler(self.kube, self.post, self.clock)
         self.phase = (self.body.get("status") or {}).get("phase")
         self._shape(self.pool)
 
@@ -113,7 +117,7 @@ class RunReporter:
             return True
         self._members(pods)
         self._follow(pool or {})
-        await self._groups(pods)
+        await self._groups(pods, pool or {})
         self._events()
         try:
             stats = await self.trainer.stats()
@@ -123,7 +127,10 @@ class RunReporter:
         hourly = sum(
             self.prices.get(p["metadata"]["labels"].get("cadence.dev/group", ""), 0.0) for p in pods
         )
-        dollars = hourly * wall / 3600
+        # The pool's cost as it was between reports: an autoscaled pool changes size.
+        self.dollars += hourly * (now - (self.costed or self.started or now)) / 3600
+        self.costed = now
+        dollars = self.dollars
         # Running once a worker has joined; before, its trainer answers but nothing runs.
         phase = "Succeeded" if stats.done else "Running" if self.loop.workers else "Starting"
         self.series.version = stats.version
@@ -178,9 +185,10 @@ class RunReporter:
             log.info("workers %s join the loop", ", ".join(sorted(joined)))
             self.loop.add_workers(joined)
 
-    async def _groups(self, pods: list[dict[str, Any]]) -> None:
+    async def _groups(self, pods: list[dict[str, Any]], pool_obj: Mapping[str, Any]) -> None:
         """Each RolloutGroup's share of the last cycle, into its status and the metrics;
-        only the groups the pool has now (a removed group's series go)."""
+        only the groups the pool has now (a removed group's series go); and the pool's
+        autoscaler's turn, where it has one."""
         if self.loop.last_plan is None:
             return
         snapshot, actions = self.loop.last_plan
@@ -195,6 +203,10 @@ class RunReporter:
             live = [w.capacity for w in snapshot.workers if group_of.get(w.id) == name]
             shapes.append(GroupShape(name, affinity, max(live, default=capacity)))
         self.series.groups = group_stats(snapshot, actions, shapes, group_of)
+        if self.pool.spec.autoscaling.enabled:
+            seen = Seen((snapshot, actions), shapes, group_of, self.loop.decoded)
+            await self.autoscaler.step(self.pool, pool_obj, seen)
+            self.series.desired = dict(self.autoscaler.desired)
         for name, st in self.series.groups.items():
             status: Status = {
                 "versions": list(st.versions),

@@ -53,7 +53,8 @@ def run(signals: list[PoolSignal], spec: AutoscaleSpec = SPEC) -> list[list[Deci
     replicas: dict[str, int] = {}
     for i, p in enumerate(signals):
         groups = tuple(replace(g, replicas=replicas.get(g.name, g.replicas)) for g in p.groups)
-        decisions, state = decide(replace(p, groups=groups, now=30.0 * i), spec, state)
+        decided, state = decide(replace(p, groups=groups, now=30.0 * i), spec, state)
+        decisions = [d for d in decided if d.changed]
         replicas |= {d.group: d.replicas for d in decisions}
         out.append(decisions)
     return out

@@ -99,7 +99,7 @@ def _reported_after(change: Callable[[list[dict[str, Any]]], list[dict[str, Any]
         written = reporter.pool.model_dump(mode="json", by_alias=True, exclude_none=True)
         groups = change(written["spec"]["groups"])
         reporter._follow(_pool_body(groups))
-        await reporter._groups([])
+        await reporter._groups([], _pool_body(groups))
         await loop.aclose()
         await trainer.aclose()
         return set(reporter.series.groups)
