@@ -82,6 +82,10 @@ class AutoscaleSpec:
     scale_down_stabilization_s: float = 300.0
     max_step: int = 4  # workers one decision adds to or removes from a group
     target_utilization: float = 0.75  # of the pool's KV, by its work
+    # How long the pool remembers the most KV its work needed: a batch is a fixed amount
+    # of work, and the next one arrives when the version advances, so a tail phase or
+    # an update is not a reason to let go of what the next batch will need.
+    demand_memory_s: float = 900.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +103,11 @@ class AutoscaleState:
     # Per group: (time, recommended replicas), the last scale_down_stabilization_s.
     history: Mapping[str, tuple[tuple[float, int], ...]] = field(default_factory=dict)
     started: float | None = None  # the first decision's time: what came before is unknown
+    # Each group's decode rate per worker when last measured: a group scaled to zero
+    # keeps what it was worth.
+    rates: Mapping[str, float] = field(default_factory=dict)
+    # (time, KV tokens the pool's work needed), the last `demand_memory_s`.
+    needs: tuple[tuple[float, float], ...] = ()
 
 
 def waiting(snapshot: Snapshot, actions: Sequence[Action]) -> dict[str, int]:
@@ -151,7 +160,14 @@ def decide(
     signal: PoolSignal, spec: AutoscaleSpec, state: AutoscaleState
 ) -> tuple[list[Decision], AutoscaleState]:
     """Each group's target now and why, in the order of `signal.groups`."""
-    raw = _recommend(signal, spec)
+    rates = dict(state.rates)
+    for g in signal.groups:
+        if g.workers and g.decode_tok_s > 0:
+            rates[g.name] = g.decode_tok_s / g.workers
+    raw, need = _recommend(signal, spec, rates, state.needs)
+    needs = tuple(
+        n for n in (*state.needs, (signal.now, need)) if n[0] > signal.now - spec.demand_memory_s
+    )
     history = dict(state.history)
     started = signal.now if state.started is None else state.started
     watched = signal.now - started
@@ -167,20 +183,26 @@ def decide(
         Decision(g.name, target[g.name][0], target[g.name][1], target[g.name][0] != g.replicas)
         for g in signal.groups
     ]
-    return out, replace(state, history=history, started=started)
+    return out, replace(state, history=history, started=started, rates=rates, needs=needs)
 
 
-def _recommend(signal: PoolSignal, spec: AutoscaleSpec) -> dict[str, tuple[int, str]]:
-    """What each group would have, before hysteresis and the budget.
+def _recommend(
+    signal: PoolSignal,
+    spec: AutoscaleSpec,
+    rates: Mapping[str, float],
+    needs: Sequence[tuple[float, float]],
+) -> tuple[dict[str, tuple[int, str]], float]:
+    """What each group would have, before hysteresis and the budget; and the KV the
+    pool's work needs now.
 
     KV is what an RL pool runs short of: the work a pool holds is its residents' KV and
     the admitted fresh samples no worker took (each about as large as a resident). The pool
     aims at `target_utilization` of its KV: above it by a margin, the group that buys
     the most (tok/$, or tok/s per worker for tail latency) grows by the KV missing;
     below it by a wider one, with no fresh work waiting, the group that buys the least
-    lets workers go (idle ones first, where it has them). Demand waiting for one group
-    grows that group whatever the pool's total: it is the tail, and only that group's
-    workers hold it."""
+    lets workers go, keeping what the most work of the last `demand_memory_s` needed.
+    Demand waiting for one group grows that group whatever the pool's total: it is the
+    tail, and only that group's workers hold it."""
     out = {g.name: (g.replicas, "steady") for g in signal.groups}
     capacity = sum(g.workers * g.capacity for g in signal.groups)
     used = sum(g.used_tokens for g in signal.groups)
@@ -192,7 +214,7 @@ def _recommend(signal: PoolSignal, spec: AutoscaleSpec) -> dict[str, tuple[int, 
     waiting = sum(g.pending_tokens for g in signal.groups)  # the tail's: below
     need = used + fresh
     aim = spec.target_utilization
-    ranked = sorted(signal.groups, key=lambda g: _value(g, spec), reverse=True)
+    ranked = sorted(signal.groups, key=lambda g: _value(g, spec, rates), reverse=True)
     if capacity and need > capacity * min(1.0, aim + 0.1):
         missing = need / aim - capacity
         for g in ranked:
@@ -208,7 +230,8 @@ def _recommend(signal: PoolSignal, spec: AutoscaleSpec) -> dict[str, tuple[int, 
             )
             break  # the rest, if any, next period: the best group may have grown by then
     elif signal.fresh_waiting == 0 and capacity and need < capacity * max(0.0, aim - 0.35):
-        spare = capacity - need / aim if need else capacity
+        kept = max([need, *(n for _, n in needs)])
+        spare = capacity - kept / aim
         for g in reversed(ranked):
             fewer = min(g.workers - g.min_replicas, spec.max_step, int(spare // max(1, g.capacity)))
             if fewer <= 0:
@@ -234,17 +257,21 @@ def _recommend(signal: PoolSignal, spec: AutoscaleSpec) -> dict[str, tuple[int, 
     ):
         keep = ranked[0]  # work remains: the pool keeps its best worker
         out[keep.name] = (1, f"work remains; {keep.name} keeps one worker")
-    return {g.name: (_bounded(g, out[g.name][0]), out[g.name][1]) for g in signal.groups}
+    bounded = {g.name: (_bounded(g, out[g.name][0]), out[g.name][1]) for g in signal.groups}
+    return bounded, need
 
 
 def _per(spec: AutoscaleSpec) -> str:
     return "tok/$" if spec.objective == "throughput_per_dollar" else "tok/s per worker"
 
 
-def _value(g: GroupSignal, spec: AutoscaleSpec) -> tuple[float, float, str]:
+def _value(
+    g: GroupSignal, spec: AutoscaleSpec, rates: Mapping[str, float]
+) -> tuple[float, float, str]:
     """How much a worker of `g` buys: its measured tok/s per dollar-hour (or per worker
-    for tail latency); a group not yet measured by its KV per dollar (or affinity)."""
-    per_worker = g.decode_tok_s / g.workers if g.workers else 0.0
+    for tail latency), as last measured; a group never measured by its KV per dollar
+    (or its affinity)."""
+    per_worker = rates.get(g.name, 0.0)
     if spec.objective == "throughput_per_dollar":
         return (
             per_worker / max(1e-9, g.worker_price),

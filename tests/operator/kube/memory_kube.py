@@ -28,6 +28,7 @@ def merge(target: dict[str, Any], patch: Mapping[str, Any]) -> None:
 class MemoryKube:
     def __init__(self) -> None:
         self.objects: dict[str, dict[str, Any]] = {}
+        self.scaled: list[tuple[str, int]] = []  # (object, replicas) of each /scale patch
 
     def put(self, obj: Mapping[str, Any]) -> dict[str, Any]:
         """Store `obj` as a user's `kubectl apply` would (with a uid)."""
@@ -66,8 +67,12 @@ class MemoryKube:
         return copy.deepcopy(self.put(obj))
 
     async def patch(self, url: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        # Status and scale subresources: a custom resource's scale is its spec.replicas.
         if url.endswith("/status"):
             url = url.removesuffix("/status")
+        if url.endswith("/scale"):
+            url = url.removesuffix("/scale")
+            self.scaled.append((url, body["spec"]["replicas"]))
         if url not in self.objects:
             raise KubeError(404, f"{url} not found")
         # A patch naming a resourceVersion applies only to that version, as the API
