@@ -42,6 +42,8 @@ class Resizer:
             scale_up_stabilization_s=a.scale_up_stabilization_s,
             scale_down_stabilization_s=a.scale_down_stabilization_s,
             max_step=a.max_step,
+            target_utilization=a.target_utilization,
+            demand_memory_s=a.demand_memory_s,
         )
         self.state = AutoscaleState()
         self.groups = scenario.groups

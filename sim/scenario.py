@@ -237,6 +237,8 @@ class Autoscaling(Strict):
     scale_up_stabilization_s: float = Field(default=60.0, ge=0, le=86_400)
     scale_down_stabilization_s: float = Field(default=300.0, ge=0, le=86_400)
     max_step: int = Field(default=4, ge=1, le=1_000)
+    target_utilization: float = Field(default=0.75, gt=0, le=1)
+    demand_memory_s: float = Field(default=900.0, ge=0, le=86_400)
     # From a group's scale-out to its new worker taking work: the pod, the engine and
     # the model's weights (the worker then loads the serving version's, as any does).
     start_s: float = Field(default=60.0, ge=0, le=3_600)

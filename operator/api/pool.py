@@ -273,6 +273,9 @@ class AutoscalingSpec(Spec):
     """Workers one decision adds to or removes from a group."""
     target_utilization: float = Field(default=0.75, gt=0, le=1)
     """The share of the pool's KV its work should fill."""
+    demand_memory_s: float = Field(default=900.0, ge=0, le=86400)
+    """How long the most KV the run's work needed is remembered: a tail phase or an
+    update lets go of no worker the next batch will need."""
     export_only: bool = False
     """Compute and export the targets (the cadence_group_desired_replicas metric, the
     status) but write no /scale: an HPA or KEDA acts on the metric instead."""

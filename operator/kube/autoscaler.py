@@ -53,6 +53,7 @@ def rule_spec(spec: AutoscalingSpec) -> AutoscaleSpec:
         scale_down_stabilization_s=spec.scale_down_stabilization_s,
         max_step=spec.max_step,
         target_utilization=spec.target_utilization,
+        demand_memory_s=spec.demand_memory_s,
     )
 
 
@@ -100,7 +101,7 @@ class Autoscaler:
                 await self._scale(ns, d)
             if d.changed:
                 before = next(g.replicas for g in signal.groups if g.name == d.group)
-                verb = "ScaledOut" if d.replicas > before else "ScaledIn"
+                verb = "AutoscaledOut" if d.replicas > before else "AutoscaledIn"
                 self.post(pool_obj, verb, f"{d.group}: {before} -> {d.replicas}: {d.reason}", False)
         await self._status(ns, name, signal, decisions, spec)
 

@@ -367,6 +367,62 @@ def test_scale_in_mid_run_drains_the_pod_by_sigterm_and_loses_nothing(
     _ledger_is_whole(_ledger(tmp_path), 6 * 8 * 8)
 
 
+def _autoscaled(budget: float) -> dict[str, dict[str, Any]]:
+    """The example on small KV (about 3,000 tokens a worker) with long-tailed answers, one
+    worker a group to start, and an autoscaler quick enough for a short run."""
+    docs = _docs(iterations=4)
+    pool = docs["RolloutPool"]["spec"]
+    share = {"h800": 0.236, "a910x": 0.274}
+    for g in pool["groups"]:
+        g.update(replicas=1, maxReplicas=3)
+        g["engine"].update(maxModelLen=1100, memoryUtilization=share[g["name"]])
+    pool["autoscaling"] = {
+        "enabled": True,
+        "budgetPerHour": budget,
+        "periodS": 2,
+        "scaleUpStabilizationS": 2,
+        "scaleDownStabilizationS": 6,
+        "demandMemoryS": 4,
+        "maxStep": 2,
+    }
+    lengths = {"law": "lognormal", "medianTokens": 80, "sigmaWithinGroup": 0.9}
+    docs["TrainingRun"]["spec"]["batch"].update(maxTokens=1024, responseLengths=lengths)
+    return docs
+
+
+def test_the_autoscaler_grows_a_pool_short_of_kv_and_lets_its_tail_go(
+    tmp_path: Path, tiny_model: Path
+) -> None:
+    """Within its budget at every reading: the pool grows while fresh work waits for KV,
+    lets workers go when little is left to decode, and loses no sample."""
+    budget, prices = 7.0, {"h800": 2.0, "a910x": 1.2}
+    docs = _autoscaled(budget)
+    costs: list[float] = []
+
+    def cost_then(reason: str) -> list[dict[str, Any]]:
+        pods = call(url, "GET", PODS)["items"]
+        groups = [p["metadata"]["labels"].get("cadence.dev/group") for p in pods]
+        costs.append(sum(prices.get(g or "", 0.0) for g in groups))
+        return _events(url, reason)
+
+    with on_node(tmp_path, tiny_model) as (url, node, _):
+        call(url, "POST", f"{NS}/rolloutpools", docs["RolloutPool"])
+        call(url, "POST", f"{NS}/trainingruns", docs["TrainingRun"])
+        (grew, *_) = eventually(
+            lambda: cost_then("AutoscaledOut"), timeout_s=240, what="an AutoscaledOut event"
+        )
+        (shrank, *_) = eventually(
+            lambda: cost_then("AutoscaledIn"), timeout_s=300, what="an AutoscaledIn event"
+        )
+        _succeeded(url, node, tmp_path, timeout_s=300, what="the autoscaled run Succeeded")
+        status = _status(url, f"{NS}/rolloutpools/mixed")
+    assert "fresh samples waiting" in grew["message"] or "wait for" in grew["message"]
+    assert "no fresh work waits" in shrank["message"]
+    assert max(costs) <= budget, costs
+    assert status["autoscaling"]["budgetPerHour"] == budget
+    _ledger_is_whole(_ledger(tmp_path), 4 * 8 * 8)
+
+
 def _broken(change: Callable[[dict[str, Any]], None]) -> Callable[..., dict[str, Any]]:
     made = children.worker_pod
 

@@ -87,7 +87,7 @@ def test_a_pool_short_of_kv_scales_the_group_that_buys_the_most_through_scale() 
     assert kube.scaled and {url for url, _ in kube.scaled} == {f"{NS}/rolloutgroups/mixed-a910x"}
     group = kube.objects[f"{NS}/rolloutgroups/mixed-a910x"]
     assert group["spec"]["replicas"] > 2
-    message = next(msg for reason, msg in events if reason == "ScaledOut")
+    message = next(msg for reason, msg in events if reason == "AutoscaledOut")
     assert message.startswith("mixed-a910x: 2 -> ") and "buys the most tok/$" in message
     status = kube.objects[f"{NS}/rolloutpools/mixed"]["status"]["autoscaling"]
     assert status["budgetPerHour"] == 20.0 and status["costPerHour"] <= 20.0
@@ -97,7 +97,7 @@ def test_a_pool_short_of_kv_scales_the_group_that_buys_the_most_through_scale() 
 
 def test_the_budget_holds_a_scale_out_it_cannot_pay_for() -> None:
     kube, events = _run(_pool(budgetPerHour=6.4))  # 2 x 2.0 + 2 x 1.2: the pool as it is
-    assert kube.scaled == [] and not [e for e in events if e[0] == "ScaledOut"]
+    assert kube.scaled == [] and not [e for e in events if e[0] == "AutoscaledOut"]
     status = kube.objects[f"{NS}/rolloutpools/mixed"]["status"]["autoscaling"]
     a910x = next(g for g in status["groups"] if g["name"] == "mixed-a910x")
     assert "held by the budget (6.4/h)" in a910x["reason"]
