@@ -8,6 +8,7 @@ import it inside the command, as those imports take seconds.
 from __future__ import annotations
 
 import argparse
+import os
 import tempfile
 from pathlib import Path
 
@@ -157,6 +158,19 @@ def _cmd_bench_operator(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_bench_autoscale(args: argparse.Namespace) -> int:
+    from cadence.bench.autoscale import main as autoscale_main  # noqa: PLC0415
+    from cadence.cli.sim import load_scenario  # noqa: PLC0415
+
+    scenario = load_scenario(args.scenario)
+    if scenario.autoscaling is None:
+        raise UsageError(f"{args.scenario} has no autoscaling section to compare")
+    if args.jobs < 1:
+        raise UsageError(f"--jobs is {args.jobs}; it must be at least 1")
+    autoscale_main(scenario, jobs=args.jobs)
+    return 0
+
+
 def add_bench(sub: Commands) -> None:
     """`cadence bench BENCH`, one subparser per benchmark."""
     bench = sub.add_parser("bench", help="run a benchmark (prints JSON)")
@@ -184,6 +198,16 @@ def add_bench(sub: Commands) -> None:
     wl.add_argument("--scenario", type=Path, required=True, help="scenario YAML file")
     wl.add_argument("--groups", type=at_least(1), default=512, help="prompt groups to draw")
     wl.set_defaults(run=_cmd_bench_workload)
+    au = benches.add_parser(
+        "autoscale",
+        help="a scenario's autoscaled pool beside fixed pools of its average cost (prints JSON)",
+        description="Run a scenario with its pool resizing itself, then fixed pools of the "
+        "same average cost: each group at its mean size, and the best fixed mix cadence "
+        "advise finds within that cost at no worse P95.",
+    )
+    au.add_argument("--scenario", type=Path, required=True, help="scenario with autoscaling")
+    au.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="simulations at once")
+    au.set_defaults(run=_cmd_bench_autoscale)
     wa = benches.add_parser(
         "worker-api",
         help="GET /v1/state latency of an emulated worker on loopback (prints JSON)",
