@@ -200,6 +200,18 @@ def test_the_hpa_scales_a_rollout_group_the_example_pool_creates() -> None:
     assert target["apiVersion"] == "cadence.dev/v1alpha1"
 
 
+def test_keda_scales_a_rollout_group_to_the_operators_desired_replicas() -> None:
+    scaled = yaml.safe_load((MANIFESTS / "autoscaling" / "keda.yaml").read_text())
+    doc = next(yaml.safe_load_all((MANIFESTS / "examples" / "heterogeneous.yaml").read_text()))
+    names = {g.metadata.name for g in groups_of(RolloutPool.model_validate(doc))}
+    target = scaled["spec"]["scaleTargetRef"]
+    assert target["kind"] == "RolloutGroup" and target["name"] in names
+    (trigger,) = scaled["spec"]["triggers"]
+    query = trigger["metadata"]["query"]
+    assert f'cadence_group_desired_replicas{{rolloutgroup="{target["name"]}"}}' in query
+    assert scaled["metadata"]["namespace"] == "cadence-system"
+
+
 @pytest.mark.kubectl  # kubectl kustomize
 def test_the_monitoring_manifests_render_and_the_dashboard_parses() -> None:
     docs = _kustomize(MANIFESTS / "monitoring")
