@@ -189,28 +189,21 @@ def advice(found: Advice, path: Path) -> Path:
             ha="right",
             fontsize=7,
         )
-    if found.reference is not None:
-        r = found.reference
-        ax.scatter(
-            [r.throughput_tok_s],
-            [r.latency_p95_s],
-            marker="s",
-            color="red",
-            s=80,
-            label="current pool",
-            zorder=4,
-        )
-    if found.recommended is not None:
-        r = found.recommended
-        ax.scatter(
-            [r.throughput_tok_s],
-            [r.latency_p95_s],
-            marker="*",
-            color="orange",
-            s=260,
-            label="recommended",
-            zorder=5,
-        )
+    marked = (
+        (found.reference, "s", "red", 80, "current pool"),
+        (found.recommended, "*", "orange", 260, "recommended"),
+    )
+    for z, (point, marker, colour, size, label) in enumerate(marked, start=4):
+        if point is not None:
+            ax.scatter(
+                [point.throughput_tok_s],
+                [point.latency_p95_s],
+                marker=marker,
+                color=colour,
+                s=size,
+                label=label,
+                zorder=z,
+            )
     ax.set_xlabel("decode tokens/s")
     ax.set_ylabel("P95 latency (s)")
     ax.set_title(f"Pool mixes within {found.budget_per_hour:g} per hour")
