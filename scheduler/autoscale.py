@@ -211,47 +211,28 @@ def _recommend(
     # A fresh sample takes about what a resident does; the estimate is capped at the
     # pool's size, so one period asks at most to double it.
     fresh = min(signal.fresh_waiting * mean, float(capacity))
-    waiting = sum(g.pending_tokens for g in signal.groups)  # the tail's: below
     need = used + fresh
     aim = spec.target_utilization
     ranked = sorted(signal.groups, key=lambda g: _value(g, spec, rates), reverse=True)
     if capacity and need > capacity * min(1.0, aim + 0.1):
-        missing = need / aim - capacity
-        for g in ranked:
-            room = g.max_replicas - g.replicas
-            if room <= 0:
-                continue  # full: the next best grows instead
-            more = min(room, spec.max_step, math.ceil(missing / max(1, g.capacity)))
-            out[g.name] = (
-                g.replicas + more,
-                f"the pool's KV would be {need / capacity:.0%} used ({need:,.0f} of "
-                f"{capacity:,} tokens, {signal.fresh_waiting} fresh samples waiting); "
-                f"{g.name} buys the most {_per(spec)}",
-            )
-            break  # the rest, if any, next period: the best group may have grown by then
+        why = (
+            f"the pool's KV would be {need / capacity:.0%} used ({need:,.0f} of {capacity:,} "
+            f"tokens, {signal.fresh_waiting} fresh samples waiting)"
+        )
+        out |= _grow(ranked, need / aim - capacity, why, spec)
     elif signal.fresh_waiting == 0 and capacity and need < capacity * max(0.0, aim - 0.35):
         kept = max([need, *(n for _, n in needs)])
-        spare = capacity - kept / aim
-        for g in reversed(ranked):
-            fewer = min(g.workers - g.min_replicas, spec.max_step, int(spare // max(1, g.capacity)))
-            if fewer <= 0:
-                continue
-            spare -= fewer * g.capacity
+        why = f"the pool's KV is {need / capacity:.0%} used and no fresh work waits"
+        out |= _shrink(ranked, capacity - kept / aim, why, spec)
+    for g in signal.groups:  # the tail
+        more = min(spec.max_step, math.ceil(g.pending_tokens / max(1, g.capacity)))
+        if g.pending_tokens > 0 and _bounded(g, g.replicas + more) > out[g.name][0]:
             out[g.name] = (
-                g.workers - fewer,
-                f"the pool's KV is {need / capacity:.0%} used and no fresh work waits; "
-                f"{g.name} buys the least {_per(spec)}",
+                _bounded(g, g.replicas + more),
+                f"{g.pending_trajectories} trajectories ({g.pending_tokens:,} tokens) wait "
+                f"for {g.name}",
             )
-    for g in signal.groups:
-        if g.pending_tokens > 0:
-            more = min(spec.max_step, math.ceil(g.pending_tokens / max(1, g.capacity)))
-            want = _bounded(g, g.replicas + more)
-            if want > out[g.name][0]:
-                out[g.name] = (
-                    want,
-                    f"{g.pending_trajectories} trajectories ({g.pending_tokens:,} tokens) "
-                    f"wait for {g.name}",
-                )
+    waiting = sum(g.pending_tokens for g in signal.groups)
     if not any(out[g.name][0] for g in signal.groups) and (
         signal.fresh_waiting or signal.admission_room or residents or waiting
     ):
@@ -259,6 +240,32 @@ def _recommend(
         out[keep.name] = (1, f"work remains; {keep.name} keeps one worker")
     bounded = {g.name: (_bounded(g, out[g.name][0]), out[g.name][1]) for g in signal.groups}
     return bounded, need
+
+
+def _grow(
+    ranked: Sequence[GroupSignal], missing: float, why: str, spec: AutoscaleSpec
+) -> dict[str, tuple[int, str]]:
+    """The group that buys the most and can grow, by the KV `missing` (at most
+    `max_step`); the rest, if any, next period, when it may have grown."""
+    for g in ranked:
+        room = g.max_replicas - g.replicas
+        if room > 0:
+            more = min(room, spec.max_step, math.ceil(missing / max(1, g.capacity)))
+            return {g.name: (g.replicas + more, f"{why}; {g.name} buys the most {_per(spec)}")}
+    return {}
+
+
+def _shrink(
+    ranked: Sequence[GroupSignal], spare: float, why: str, spec: AutoscaleSpec
+) -> dict[str, tuple[int, str]]:
+    """Workers whose KV is `spare`, from the groups that buy the least first."""
+    out = {}
+    for g in reversed(ranked):
+        fewer = min(g.workers - g.min_replicas, spec.max_step, int(spare // max(1, g.capacity)))
+        if fewer > 0:
+            spare -= fewer * g.capacity
+            out[g.name] = (g.workers - fewer, f"{why}; {g.name} buys the least {_per(spec)}")
+    return out
 
 
 def _per(spec: AutoscaleSpec) -> str:
