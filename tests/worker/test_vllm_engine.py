@@ -94,10 +94,17 @@ def test_kv_use_follows_what_vllm_reports(
         a.abort("kv")
         return reported, used
 
+    before = a.decode_steps
     reported, used = loop.run_until_complete(run())
     assert reported >= 3 / 64  # whole blocks: 69 tokens or more take three of 64
     assert used == round(reported * a.capacity_tokens) > 64 + 5
     assert a.used_tokens() == 0
+    # Its decode steps were timed, one sequence each, at the KV it reported.
+    after = a.decode_steps
+    assert before is not None and after is not None
+    steps = after.steps - before.steps
+    assert steps >= 1 and after.sequences - before.sequences == steps
+    assert after.seconds > before.seconds and after.context_tokens > before.context_tokens
 
 
 @pytest.mark.parametrize("hops", [1, 3])
