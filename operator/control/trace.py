@@ -3,10 +3,14 @@ every action, so it records the workers' decode steps and the plans it applied a
 happen, and reads the trajectories the trainer accepted, and its updates, every few
 seconds (`GET /v1/ended`, `GET /v1/stats`). The loop calls it once a cycle; a cycle that
 cannot reach the trainer leaves the trajectories for the next read, so none is lost.
+A trace that cannot be written (a full disk) stops the trace, said once in the log, and
+never the loop: scheduling goes on without it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,6 +18,7 @@ from pathlib import Path
 from cadence.common.trace import (
     Action,
     Header,
+    Record,
     Steps,
     Summary,
     Trajectory,
@@ -27,6 +32,8 @@ from cadence.scheduler.snapshot import Snapshot
 from cadence.trainer.api import Ended
 from cadence.trainer.client import TrainerClient
 from cadence.worker.api import DecodeSteps, WorkerState
+
+log = logging.getLogger("cadence.loop")
 
 READ_EVERY_S = 2.0  # how often the trainer is asked what it accepted
 
@@ -54,7 +61,8 @@ class TraceRecorder:
 
     def observed(self, states: Mapping[str, WorkerState]) -> None:
         """Each worker's decode steps since it was last observed, as one sample."""
-        assert self._writer is not None
+        if self._writer is None:
+            return
         at, out = self._at(), []
         for wid, st in states.items():
             now = st.decode_steps
@@ -76,12 +84,13 @@ class TraceRecorder:
                         context_tokens=max(0, now.context_tokens - before.context_tokens),
                     )
                 )
-        self._writer.write(*out)
+        self._write(*out)
 
     def applied(self, snapshot: Snapshot, actions: Sequence[PlanAction]) -> None:
-        assert self._writer is not None
+        if self._writer is None:
+            return
         at = self._at()
-        self._writer.write(
+        self._write(
             *(
                 Action(
                     at=at, action=e.kind, worker=e.worker, trajectory=e.trajectory, detail=e.detail
@@ -94,31 +103,42 @@ class TraceRecorder:
         """Record what the trainer accepted and published since the last read, at most
         every `read_every_s` unless `now`."""
         t = self.clock()
+        if self._writer is None:
+            return
         if not now and self._read_at is not None and t - self._read_at < self.read_every_s:
             return
-        assert self._writer is not None
         while True:
             page = await self.trainer.ended(self._after)
             at = self._at()
-            self._writer.write(*(_trajectory(e, at) for e in page.items))
+            self._write(*(_trajectory(e, at) for e in page.items))
             self._after = page.last
             if not page.items:
                 break
         stats = await self.trainer.stats()
         fresh = sorted(v for v in stats.update_seconds if v not in self._versions)
-        self._writer.write(
+        self._write(
             *(Update(at=self._at(), version=v, seconds=stats.update_seconds[v]) for v in fresh)
         )
         self._versions.update(fresh)
         self._read_at = t
 
     def close(self, summary: Summary | None = None) -> None:
+        if summary is not None:
+            self._write(summary)
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
+    def _write(self, *records: Record) -> None:
         if self._writer is None:
             return
-        if summary is not None:
-            self._writer.write(summary)
-        self._writer.close()
-        self._writer = None
+        try:
+            self._writer.write(*records)
+        except OSError as e:
+            log.warning("the trace %s stops here: %s", self.path, e)
+            with contextlib.suppress(OSError):
+                self._writer.close()
+            self._writer = None
 
 
 def _trajectory(e: Ended, at: float) -> Trajectory:

@@ -8,7 +8,9 @@ import asyncio
 from pathlib import Path
 from typing import cast
 
-from cadence.common.trace import read
+import pytest
+
+from cadence.common.trace import Summary, read
 from cadence.operator.control.trace import TraceRecorder
 from cadence.scheduler.actions import Evict, EvictReason, Place
 from cadence.trainer.api import Ended, EndedPage, EndedTurn, RunStats
@@ -133,3 +135,19 @@ def test_accepted_trajectories_and_updates_are_recorded_once(tmp_path: Path) -> 
     assert [x.id for x in t.trajectories] == [f"s{i}" for i in range(6)]
     assert [x.response_tokens for x in t.trajectories] == [1, 2, 3, 4, 5, 9]
     assert [(u.version, u.seconds) for u in t.updates] == [(1, 2.5), (2, 3.5)]
+
+
+def test_a_trace_that_cannot_be_written_stops_the_trace_not_the_loop(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    trainer, now = FakeTrainer(), [0.0]
+    r = _recorder(tmp_path / "t.jsonl", trainer, now)
+    assert r._writer is not None
+    r._writer._file = Path("/dev/full").open("w", encoding="utf-8")  # noqa: SIM115 (a full disk; the recorder closes it)
+    r.observed({"w0": _state("w0", 10, 1.0)})
+    r.observed({"w0": _state("w0", 30, 2.0)})  # the write fails: logged, not raised
+    trainer.accept("s0", tokens=3)
+    asyncio.run(r.read_trainer(now=True))  # nothing left to write to: no error either
+    r.close(Summary(wall_seconds=1, throughput_tok_s=1))
+    assert [m for m in caplog.messages if "stops here" in m]
+    assert len(read(tmp_path / "t.jsonl").steps) == 0  # what was written before stays
