@@ -150,6 +150,15 @@ EXAMPLE_RUN = Path(__file__).parents[2] / "manifests" / "examples" / "trainingru
         (["run", str(EXAMPLE_RUN), "--policy", "sync", "--compare", "a,b"], "not both"),
         (["bench", "agreement", "--compression", "2"], "--compression must be above 0"),
         (["bench", "agreement", "--policies", "nope"], "unknown policy nope"),
+        (
+            [
+                "bench",
+                "autoscale",
+                "--scenario",
+                str(EXAMPLE_RUN.parents[2] / "sim" / "scenarios" / "tiny-16A16B8H.yaml"),
+            ],
+            "has no autoscaling section to compare",
+        ),
         (["operator"], "give --all-namespaces or one or more --namespace"),
         (["operator", "--all-namespaces", "--resync-s", "0"], "must be positive and finite"),
         (["trainer", "--config", "/nonexistent/trainer.json"], "cannot read /nonexistent"),

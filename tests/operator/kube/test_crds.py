@@ -269,6 +269,13 @@ RULE_CASES = [
     ("RolloutPool", {"groups.0.resources": {"nvidia.com/gpu": -1}}, ["a quantity is at least 0"]),
     ("RolloutPool", {"groups.0.resources": {"nvidia.com/gpu": 2, "memory": "8Gi"}}, []),
     ("TrainingRun", {"trainer.resources": {"nvidia.com/gpu": -2}}, ["a quantity is at least 0"]),
+    (
+        "RolloutPool",
+        {"autoscaling": {"enabled": True}},
+        ["autoscaling needs budgetPerHour when enabled"],
+    ),
+    ("RolloutPool", {"autoscaling": {"enabled": True, "budgetPerHour": 30}}, []),
+    ("RolloutPool", {"autoscaling": {"enabled": False}}, []),
 ]
 
 
