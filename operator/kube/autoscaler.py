@@ -33,7 +33,6 @@ from cadence.scheduler.autoscale import (
     PoolSignal,
     admission_room,
     decide,
-    demand,
     fresh_waiting,
 )
 from cadence.scheduler.snapshot import Snapshot
@@ -65,6 +64,9 @@ class Seen:
     shapes: Sequence[GroupShape]
     members: Mapping[str, str]  # worker pod name: RolloutGroup name (terminating too)
     decoded: Mapping[str, int]  # worker pod name: tokens its engine decoded
+    # RolloutGroup name: (trajectories, tokens) the plan left waiting for it, as the
+    # group's status reports them (`group_stats`); a group not named waits for none.
+    waiting: Mapping[str, tuple[int, int]] = field(default_factory=dict)
 
 
 @dataclass
@@ -110,7 +112,6 @@ class Autoscaler:
     ) -> PoolSignal:
         snapshot, actions = seen.plan
         shapes, members, decoded = seen.shapes, seen.members, seen.decoded
-        waits = demand(snapshot, actions, shapes)
         views = {w.id: w for w in snapshot.workers}
         by_group = {f"{pool.metadata.name}-{g.name}": g for g in pool.spec.groups}
         out = []
@@ -135,8 +136,8 @@ class Autoscaler:
                     used_tokens=sum(r.context for w in held for r in w.residents),
                     residents=sum(len(w.residents) for w in held),
                     decode_tok_s=max(0, tokens - before) / (now - at) if now > at else 0.0,
-                    pending_tokens=waits[shape.name][1],
-                    pending_trajectories=waits[shape.name][0],
+                    pending_tokens=seen.waiting.get(shape.name, (0, 0))[1],
+                    pending_trajectories=seen.waiting.get(shape.name, (0, 0))[0],
                 )
             )
         return PoolSignal(

@@ -204,7 +204,11 @@ class RunReporter:
             shapes.append(GroupShape(name, affinity, max(live, default=capacity)))
         self.series.groups = group_stats(snapshot, actions, shapes, group_of)
         if self.pool.spec.autoscaling.enabled:
-            seen = Seen((snapshot, actions), shapes, group_of, self.loop.decoded)
+            waiting = {
+                name: (st.pending_trajectories, st.pending_tokens)
+                for name, st in self.series.groups.items()
+            }
+            seen = Seen((snapshot, actions), shapes, group_of, self.loop.decoded, waiting)
             await self.autoscaler.step(self.pool, pool_obj, seen)
             self.series.desired = dict(self.autoscaler.desired)
         for name, st in self.series.groups.items():
