@@ -236,7 +236,7 @@ def replayed(path: Path) -> tuple[Scenario, Trace, Replay]:
     """The scenario a run trace describes, and the trace (`sim/replay.py`)."""
     try:
         trace = read_trace(path)
-        replayed = replay(trace)
+        found = replay(trace)
     except OSError as e:
         raise UsageError(f"cannot read trace {path}: {e.strerror or e}") from None
     except UnicodeDecodeError:
@@ -245,7 +245,7 @@ def replayed(path: Path) -> tuple[Scenario, Trace, Replay]:
         raise UsageError(str(e)) from None
     except ValidationError as e:
         raise UsageError(validation_sentence("trace's scenario", path, e, Scenario)) from None
-    return replayed.scenario, trace, replayed
+    return found.scenario, trace, found
 
 
 def _fit_line(fit: dict[str, Any]) -> str:
@@ -261,8 +261,8 @@ def _fit_line(fit: dict[str, Any]) -> str:
 def _against_run(trace: Trace, results: Sequence[Result]) -> dict[str, Any]:
     """The replay of the trace's own policy beside the run's figures."""
     run, mine = trace.summary, [r for r in results if r.policy == trace.header.policy]
-    if run is None or not mine:
-        return {}
+    if run is None or not mine or not run.throughput_tok_s:
+        return {}  # nothing to compare with: a run that ended early, or another policy
     sim = mine[0]
     ratio = {"throughput_tok_s": round(sim.throughput_tok_s / run.throughput_tok_s, 3)}
     if run.latency_p95_s:

@@ -218,7 +218,8 @@ def _degree(base: Scenario, group: Group) -> int | None:
 
 
 def scenario_of(base: Scenario, kinds: Sequence[Kind], mix: Mix, iterations: int) -> Scenario:
-    """The base scenario on this mix, run for `iterations` batches."""
+    """The base scenario on this mix, run for `iterations` batches, at a fixed size (an
+    `autoscaling` section of the base is left out: the advisor compares fixed pools)."""
     groups = [
         k.template.model_dump(exclude_unset=True)
         | {"devices": n * k.tp, "price_per_hour": k.template.price_per_hour}
@@ -226,6 +227,7 @@ def scenario_of(base: Scenario, kinds: Sequence[Kind], mix: Mix, iterations: int
         if n
     ]
     raw = base.model_dump(exclude_unset=True)
+    raw.pop("autoscaling", None)
     workload = {**raw.get("workload", {}), "iterations": iterations}
     return Scenario.model_validate({**raw, "groups": groups, "workload": workload})
 

@@ -18,6 +18,7 @@ from cadence.sim.advise import (
     marginal,
     offers_of,
     pareto_ranks,
+    scenario_of,
     search,
 )
 from cadence.sim.scenario import Scenario
@@ -73,6 +74,19 @@ def test_one_more_worker_of_each_type_is_priced_and_run() -> None:
     h800 = each[2]
     assert h800.throughput_tok_s > before.throughput_tok_s  # the fastest type adds most
     assert h800.tokens_per_dollar != before.tokens_per_dollar
+
+
+def test_every_mix_runs_at_a_fixed_size_even_from_an_autoscaled_scenario() -> None:
+    raw = TINY.model_dump(exclude_unset=True) | {"autoscaling": {"budget_per_hour": 9.0}}
+    autoscaled = Scenario.model_validate(raw)
+    kinds = kinds_of(autoscaled, offers_of(autoscaled, OFFER, {}))
+    fixed = scenario_of(autoscaled, kinds, (1, 2, 1), 1)
+    assert fixed.autoscaling is None
+    assert [(g.accelerator, g.devices) for g in fixed.groups] == [
+        ("A910X", 1),
+        ("BI-V150", 2),
+        ("H800", 1),
+    ]
 
 
 @pytest.mark.parametrize(
