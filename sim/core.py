@@ -72,6 +72,7 @@ class Simulation:
         self.now = 0.0
         self.workers: dict[str, Worker] = {}
         self._made: dict[str, int] = {}  # workers made so far per group, for their ids
+        self._hourly, self._unpriced = 0.0, 0  # the priced workers' sum; workers unpriced
         for group, deployed in zip(scenario.groups, scenario.deployments(), strict=True):
             for _ in range(deployed.workers):
                 self.add_worker(group.name)
@@ -138,7 +139,15 @@ class Simulation:
             transfer_group=transfer_group(d) if self.scenario.physics.kv_transfer else None,
         )
         self.workers[w.id] = w
+        self._priced(w, 1)
         return w
+
+    def _priced(self, w: Worker, sign: int) -> None:
+        """The pool's price kept as workers come and go, not summed each period."""
+        if w.price_per_hour is None:
+            self._unpriced += sign
+        else:
+            self._hourly += sign * w.price_per_hour
 
     def remove_worker(self, wid: str) -> None:
         """Drain `wid` and let it go: what it held waits to be placed elsewhere (a move,
@@ -146,22 +155,15 @@ class Simulation:
         w = self.workers.pop(wid)
         self._views.pop(wid, None)
         for rid, _ in w.engine.residents():
-            t = self.trajectories[rid]
-            request = w.engine.remove(rid)
-            t.context = request.context
-            t.generated = t.context - t.sample.prompt_tokens - t.observed
-            t.state, t.worker, t.parked_on, t.pending_since = "pending", None, None, self.now
-            t.moves += 1
-            t.evicted = True
-            assert t.version is not None
-            self._pending.put(PendingTrajectory(t.sample.id, t.version, t.context, self.now))
+            self._depart(rid, w, parked_on=None)
         self.retired_tokens += w.engine.decoded_tokens
         self.retired_preemptions += w.engine.preemptions
+        self._priced(w, -1)
 
     @property
     def price_per_hour(self) -> float | None:
-        prices = [w.price_per_hour for w in self.workers.values()]
-        return None if None in prices else sum(p for p in prices if p is not None)
+        """What the pool costs an hour now; None if a worker has no price."""
+        return None if self._unpriced else self._hourly
 
     # --- observation -----------------------------------------------------------------
 
@@ -246,17 +248,21 @@ class Simulation:
         w.engine.time = max(w.engine.time, self.now) + load
 
     def _evict(self, a: Evict) -> None:
-        t = self.trajectories[a.trajectory]
-        w = self.workers[a.worker]
-        request = w.engine.remove(a.trajectory)
+        self._depart(a.trajectory, self.workers[a.worker], parked_on=a.worker)
+
+    def _depart(self, rid: str, w: Worker, parked_on: str | None) -> None:
+        """`rid` leaves `w` and waits to be placed, parked on `parked_on` (None: its KV
+        went with a worker that is gone)."""
+        t = self.trajectories[rid]
+        request = w.engine.remove(rid)
         t.context = request.context
         t.generated = t.context - t.sample.prompt_tokens - t.observed
-        t.state, t.worker, t.parked_on, t.pending_since = "pending", None, w.id, self.now
+        t.state, t.worker, t.parked_on, t.pending_since = "pending", None, parked_on, self.now
         t.moves += 1
         t.evicted = True
         assert t.version is not None
         self._pending.put(
-            PendingTrajectory(t.sample.id, t.version, t.context, self.now, parked_on=w.id)
+            PendingTrajectory(t.sample.id, t.version, t.context, self.now, parked_on=parked_on)
         )
 
     def _place(self, a: Place) -> None:
