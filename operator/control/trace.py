@@ -107,6 +107,7 @@ class TraceRecorder:
             return
         if not now and self._read_at is not None and t - self._read_at < self.read_every_s:
             return
+        self._read_at = t  # a read that fails is tried again a period later, not each cycle
         while True:
             page = await self.trainer.ended(self._after)
             at = self._at()
@@ -120,7 +121,6 @@ class TraceRecorder:
             *(Update(at=self._at(), version=v, seconds=stats.update_seconds[v]) for v in fresh)
         )
         self._versions.update(fresh)
-        self._read_at = t
 
     def close(self, summary: Summary | None = None) -> None:
         if summary is not None:
