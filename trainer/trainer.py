@@ -178,18 +178,18 @@ class Trainer:
 
     def train_next(self) -> UpdateStats | None:
         """Train the next batch if it is complete; publish its version. Blocking."""
-        with self.lock:
-            u = self.ledger.consumed_batches
-            if u >= self.config.iterations or not self.complete(u):
-                return None
-            batch = [Scored(s.group, d, s.reward or 0.0) for s, d in self.ledger.deliveries(u)]
         config = UpdateConfig(
             clip_eps=self.config.clip_eps,
             epochs=self.config.epochs,
             advantages=self.config.advantages,
         )
-        started = time.perf_counter()
-        with self.model_lock:
+        with self.model_lock:  # checked and trained as one step, as publish_external is
+            with self.lock:
+                u = self.ledger.consumed_batches
+                if u >= self.config.iterations or not self.complete(u):
+                    return None
+                batch = [Scored(s.group, d, s.reward or 0.0) for s, d in self.ledger.deliveries(u)]
+            started = time.perf_counter()
             stats = self._update(u, batch, config)
             self.store.publish(self.model, u + 1)
             save_optimizer(self.optimizer, self.model, self._optimizer_path(u + 1))
@@ -263,21 +263,26 @@ class Trainer:
 
     def publish_external(self, version: int, data: bytes, sha256: str) -> None:
         """An external trainer's update of batch `version - 1`: its weights (checked, loaded
-        to prove they fit the model) become `version`, and the batch is consumed."""
+        to prove they fit the model) become `version`, and the batch is consumed.
+
+        One step under the model's lock: checked, loaded, written and recorded together,
+        so a concurrent publish of the same version is refused before it touches the
+        model or the files, and a refused one leaves the accepted weights served."""
         if hashlib.sha256(data).hexdigest() != sha256:
             raise LedgerError(f"the weights' sha256 is not {sha256}")
-        with self.lock:
-            u = self.ledger.consumed_batches
-            if version != u + 1:
-                raise LedgerError(f"the next version is {u + 1}, not {version}")
-            if not self.complete(u):
-                raise LedgerError(f"batch {u} is not complete")
         with self.model_lock:
+            with self.lock:
+                u = self.ledger.consumed_batches
+                if version != u + 1:
+                    raise LedgerError(f"the next version is {u + 1}, not {version}")
+                if not self.complete(u):
+                    raise LedgerError(f"batch {u} is not complete")
             try:
                 load_weights(self.model, load(data))
-            except WeightsMismatch as e:
-                raise LedgerError(str(e)) from None
             except Exception as e:
+                self.store.load_into(self.model, u)  # a tensor may have been half copied
+                if isinstance(e, WeightsMismatch):
+                    raise LedgerError(str(e)) from None
                 raise LedgerError(f"the weights do not fit the model: {e}") from None
             self.store.publish(self.model, version)
             with self.lock:
