@@ -148,7 +148,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     workdir = args.workdir or _new_workdir(training.metadata.name)
     try:  # held until this command exits: one run per work directory
-        lock = StateLock(workdir / "run.lock", f"the work directory {workdir}")
+        lock = StateLock(workdir, f"the work directory {workdir}", note="run.lock")
     except StateInUse as e:
         raise UsageError(f"{e}; give another --workdir") from None
     for name in policies:

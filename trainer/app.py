@@ -24,6 +24,7 @@ from prometheus_client.registry import Collector
 
 from cadence.common import web
 from cadence.common.sources import SourceRefused, WeightsSource
+from cadence.common.statelock import StateLost
 from cadence.common.stats import percentile
 from cadence.trainer.api import (
     AdmitRequest,
@@ -372,6 +373,10 @@ def _status_routes(
 
     @router.get("/healthz")
     async def healthz() -> JSONResponse:
+        try:
+            trainer.state_lock.check()
+        except StateLost as e:
+            return web.problem(503, e.reason, str(e))
         if trainer.broken is not None:
             return web.problem(503, "cannot_train", trainer.broken)
         return JSONResponse({"status": "ok"})
@@ -382,7 +387,7 @@ def _status_routes(
 def create_app(trainer: Trainer, token: str, *, train: bool = True) -> FastAPI:
     lifespan = web.background((lambda: _train_forever(trainer)) if train else None)
     app = FastAPI(title="Cadence trainer", version="v1", lifespan=lifespan)
-    guarded = web.install(app, token)
+    guarded = web.install(app, token, refusals=(StateLost,))
     registry = CollectorRegistry()
     registry.register(_TrainerCollector(trainer))
     route_class = app.router.route_class

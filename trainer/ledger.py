@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import secrets
 import sqlite3
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -105,12 +105,19 @@ class Group:
     answer: str
 
 
+def _nothing() -> None:
+    pass
+
+
 class Ledger:
     def __init__(self, path: Path | str, *, group_size: int, batch_groups: int) -> None:
         """Open (or create) the ledger at `path`. A ledger remembers its shape: opening it
         with another group size or batch size is refused."""
         # One connection; callers serialise access (the trainer holds a lock around it).
         self.db = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
+        # Called before every write transaction: the owner's check that it still holds
+        # the directory (`StateLock.check`); it raises to refuse the write.
+        self.guard: Callable[[], None] = _nothing
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=FULL")
         self.db.executescript(_SCHEMA)
@@ -144,6 +151,7 @@ class Ledger:
 
     @contextmanager
     def _tx(self) -> Iterator[None]:
+        self.guard()
         self.db.execute("BEGIN IMMEDIATE")
         try:
             yield

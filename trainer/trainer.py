@@ -53,10 +53,21 @@ class Trainer:
         self.task = TASKS["digits" if self.external else config.task]
         config.state_dir.mkdir(parents=True, exist_ok=True)
         self.state_lock = StateLock(
-            config.state_dir / "trainer.lock", f"the trainer state directory {config.state_dir}"
+            config.state_dir,
+            f"the trainer state directory {config.state_dir}",
+            note="trainer.lock",
         )
+        try:
+            self._load(config)
+        except BaseException:
+            self.state_lock.release()  # a start that fails leaves the directory free
+            raise
+
+    def _load(self, config: TrainerConfig) -> None:
+        """The state directory checked and loaded, the model at the ledger's version."""
         self.ledger = _open_ledger(config)
-        self.store = WeightStore(config.state_dir / "weights")
+        self.ledger.guard = self.state_lock.check
+        self.store = WeightStore(config.state_dir / "weights", guard=self.state_lock.check)
         _check_agreement(self.ledger, self.store, config, external=self.external)
         self.vocabulary = Vocabulary(config.model_path)
         model: Any = AutoModelForCausalLM.from_pretrained(config.model_path, dtype=torch.float32)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +22,10 @@ from cadence.common.tensors import load_weights, weights_of
 
 
 class WeightStore:
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, guard: Callable[[], None] | None = None) -> None:
         self.directory = directory
+        # Called before each write or removal: the owner's `StateLock.check`.
+        self.guard = guard or (lambda: None)
         directory.mkdir(parents=True, exist_ok=True)
 
     def path(self, version: int) -> Path:
@@ -42,6 +44,7 @@ class WeightStore:
 
     def publish(self, model: Any, version: int) -> str:
         """Write the model's weights as `version`; returns their sha256."""
+        self.guard()
         tensors = weights_of(model)  # a tied tensor once, as exported checkpoints hold it
         self.directory.mkdir(parents=True, exist_ok=True)  # deleted under a running trainer
         _write(self.path(version), tensors)
@@ -61,6 +64,7 @@ class WeightStore:
         return removed
 
     def remove(self, version: int) -> None:
+        self.guard()
         self.path(version).unlink(missing_ok=True)
         (self.directory / f"v{version}.sha256").unlink(missing_ok=True)
         (self.directory / f"optimizer-v{version}.safetensors").unlink(missing_ok=True)

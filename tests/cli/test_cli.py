@@ -238,7 +238,7 @@ def test_a_second_run_or_trainer_on_a_directory_in_use_is_refused_in_one_sentenc
     """Two runs on one --workdir trained the same batches and overwrote each other's
     weights; the second now stops before it starts anything."""
     monkeypatch.setenv("CADENCE_TOKEN", "s3cret")
-    held = StateLock(tmp_path / "run.lock", "a run")
+    held = StateLock(tmp_path, "a run", note="run.lock")
     assert main(["run", str(EXAMPLE_RUN), "--workdir", str(tmp_path), "--no-live"]) == 2
     err = capsys.readouterr().err
     assert f"the work directory {tmp_path} is in use by another process" in err
@@ -246,7 +246,7 @@ def test_a_second_run_or_trainer_on_a_directory_in_use_is_refused_in_one_sentenc
     held.release()
 
     state = tmp_path / "state"
-    trainer = StateLock(state / "trainer.lock", "a trainer")
+    trainer = StateLock(state, "a trainer", note="trainer.lock")
     argv = ["trainer", "--model-path", str(tiny_model), "--state-dir", str(state)]
     assert main(argv) == 2
     err = capsys.readouterr().err

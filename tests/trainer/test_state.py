@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from cadence.common.statelock import StateInUse
+from cadence.common.statelock import StateInUse, StateLost
 from cadence.trainer.app import create_app
 from cadence.trainer.config import TrainerConfig
 from cadence.trainer.trainer import StateDamaged, Trainer
@@ -48,6 +48,49 @@ def test_a_second_trainer_on_one_state_directory_is_refused(
         Trainer(_config(tiny_model, tmp_path))
     _stop(first)
     Trainer(_config(tiny_model, tmp_path))  # once it is gone, the directory is free
+
+
+def test_deleting_the_lock_note_leaves_the_directory_owned(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    """Clearing a "stale" lock file is a common habit; ownership is not in that file."""
+    first = Trainer(_config(tiny_model, tmp_path))
+    (tmp_path / "trainer.lock").unlink()
+    with pytest.raises(StateInUse, match=r"is in use by another process \(pid unknown\)"):
+        Trainer(_config(tiny_model, tmp_path))
+    assert first.admit(1)  # the owner goes on writing
+    _stop(first)
+
+
+def test_a_directory_replaced_under_its_trainer_is_no_longer_written_by_it(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    """Renamed away and made anew, the state path names a directory a second trainer may
+    own; the first refuses every write from then on and says why on /healthz."""
+    state = tmp_path / "state"
+    first = Trainer(_config(tiny_model, state))
+    state.rename(tmp_path / "moved")
+    second = Trainer(_config(tiny_model, state))
+    with pytest.raises(StateLost, match="removed or replaced"):
+        first.admit(1)
+    with pytest.raises(StateLost):
+        first.store.publish(first.model, 1)
+    assert not (state / "weights" / "v1.safetensors").exists()
+
+    async def ask(trainer: Trainer, method: str, path: str, **kw: object) -> httpx.Response:
+        transport = httpx.ASGITransport(app=create_app(trainer, TOKEN, train=False))
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
+            return await c.request(method, path, **kw)  # type: ignore[arg-type]
+
+    health = asyncio.run(ask(first, "GET", "/healthz"))
+    assert health.status_code == 503 and health.json()["reason"] == "state_lost"
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    admit = asyncio.run(ask(first, "POST", "/v1/admit", json={"groups": 1}, headers=auth))
+    assert admit.status_code == 503 and "no longer owns" in admit.json()["error"]
+    assert asyncio.run(ask(second, "GET", "/healthz")).status_code == 200
+    assert second.admit(1)
+    _stop(second)
+    first.ledger.close()
 
 
 @pytest.mark.parametrize("damage", ["emptied", "missing"])
