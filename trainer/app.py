@@ -50,6 +50,8 @@ from cadence.trainer.ledger import IN_FLIGHT, LedgerError, UnknownSample
 from cadence.trainer.trainer import Trainer
 from cadence.worker.api import Delivery
 
+SQLITE_MAX = 2**63 - 1  # the largest integer a ledger's query takes
+
 log = logging.getLogger("cadence.trainer")
 
 
@@ -153,7 +155,9 @@ def _rollout_routes(trainer: Trainer, guarded: Any, route_class: type[APIRoute])
         return Response(view.model_dump_json(), media_type="application/json")
 
     @router.get("/v1/ended", dependencies=guarded)
-    async def ended(after: int = -1, limit: int = Query(1000, ge=1, le=10_000)) -> EndedPage:
+    async def ended(
+        after: int = Query(-1, ge=-1, le=SQLITE_MAX), limit: int = Query(1000, ge=1, le=10_000)
+    ) -> EndedPage:
         """The accepted deliveries after `after`, by their sizes and times: what a run
         trace records of each trajectory."""
         with trainer.lock:

@@ -84,6 +84,9 @@ def test_ended_lists_accepted_deliveries_by_size_in_arrival_order(trainer: Train
     later = _call(trainer, "GET", f"/v1/ended?after={page['last']}", headers=AUTH).json()
     assert later == {"items": [], "last": page["last"]}
     assert _call(trainer, "GET", "/v1/ended?limit=0", headers=AUTH).status_code == 422
+    for beyond in (10**20, -(10**20), 2**63, -2):  # past what SQLite takes: a 422, not a 500
+        r = _call(trainer, "GET", f"/v1/ended?after={beyond}", headers=AUTH)
+        assert r.status_code == 422 and "after" in r.json()["error"], beyond
 
 
 def test_bad_input_is_refused_with_a_sentence(trainer: Trainer) -> None:
