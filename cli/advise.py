@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -19,8 +20,10 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from cadence.cli.common import Commands, UsageError
+from cadence.cli.common import Commands, UsageError, output_file, positive_number
 from cadence.cli.sim import load_scenario, replayed
+from cadence.common.limits import MAX_ETA
+from cadence.common.pool import MAX_PRICE_PER_HOUR
 from cadence.scheduler.registry import POLICIES
 from cadence.sim.advise import (
     Advice,
@@ -32,11 +35,15 @@ from cadence.sim.advise import (
     offers_of,
     search,
 )
+from cadence.sim.laws import MAX_DEVICES
 from cadence.sim.scenario import Scenario
 
 
-def _pairs(items: Sequence[str], flag: str, kind: type[int] | type[float]) -> dict[str, float]:
-    """`TYPE=N` items, each a comma-separated list or one pair, as a mapping."""
+def _pairs(
+    items: Sequence[str], flag: str, kind: type[int] | type[float], most: float
+) -> dict[str, float]:
+    """`TYPE=N` items, each a comma-separated list or one pair, as a mapping; each N
+    positive, finite and at most `most`."""
     out: dict[str, float] = {}
     for item in items:
         for pair in item.split(","):
@@ -47,6 +54,10 @@ def _pairs(items: Sequence[str], flag: str, kind: type[int] | type[float]) -> di
                 number = None
             if not (eq and name) or number is None:
                 raise UsageError(f"{flag} {pair.strip()!r} is not TYPE=NUMBER (e.g. H800=16)")
+            if not (math.isfinite(number) and 0 < number <= most):
+                raise UsageError(
+                    f"{flag} {pair.strip()!r}: {name}'s number must be above 0 and at most {most:g}"
+                )
             out[name] = number
     return out
 
@@ -88,20 +99,20 @@ def _table(found: Advice, rows: Sequence[Outcome], title: str) -> Table:
 def _cmd_advise(args: argparse.Namespace) -> int:
     scenario = _workload(args)
     if args.eta is not None:
-        if args.eta < 0:
-            raise UsageError(f"--eta is {args.eta}; it must be 0 or more")
+        if not 0 <= args.eta <= MAX_ETA:
+            raise UsageError(f"--eta is {args.eta}; it must be from 0 to {MAX_ETA}")
         scheduling = scenario.scheduling.model_copy(update={"eta": args.eta})
         scenario = scenario.model_copy(update={"scheduling": scheduling})
     if args.policy not in POLICIES:
         raise UsageError(f"unknown policy {args.policy}; available: {', '.join(POLICIES)}")
     if args.jobs < 1:
         raise UsageError(f"--jobs is {args.jobs}; it must be at least 1")
-    available = _pairs(args.available or [], "--available", int)
+    available = _pairs(args.available or [], "--available", int, MAX_DEVICES)
     if not available:  # the scenario's own types, at twice their devices
         available = {}
         for g in scenario.groups:
             available[g.accelerator] = available.get(g.accelerator, 0) + 2 * g.devices
-    prices = _pairs(args.price or [], "--price", float)
+    prices = _pairs(args.price or [], "--price", float, MAX_PRICE_PER_HOUR)
     out = Console(width=None if sys.stdout.isatty() else 120)
     try:
         offers = offers_of(scenario, {k: int(v) for k, v in available.items()}, prices)
@@ -205,7 +216,9 @@ def add_advise(sub: Commands) -> None:
         "--set", action="append", metavar="PATH=VALUE", help="set a scenario field; repeatable"
     )
     a.add_argument(
-        "--budget", type=float, help="price per hour to spend at most (default: the pool's own)"
+        "--budget",
+        type=positive_number,
+        help="price per hour to spend at most (default: the pool's own)",
     )
     a.add_argument(
         "--available",
@@ -221,16 +234,20 @@ def add_advise(sub: Commands) -> None:
         help="a type's price per device-hour (default: the scenario's, else the catalog's)",
     )
     a.add_argument("--eta", type=int, help="the staleness bound (default: the scenario's)")
-    a.add_argument("--p95", type=float, metavar="SECONDS", help="a P95 latency to stay within")
-    a.add_argument("--throughput", type=float, metavar="TOK_S", help="tok/s to reach at least")
+    a.add_argument(
+        "--p95", type=positive_number, metavar="SECONDS", help="a P95 latency to stay within"
+    )
+    a.add_argument(
+        "--throughput", type=positive_number, metavar="TOK_S", help="tok/s to reach at least"
+    )
     a.add_argument("--policy", default="cadence", help="the policy the pool runs")
     a.add_argument(
         "--marginal",
         action="store_true",
         help="instead: what one more worker of each available type buys on the pool as it is",
     )
-    a.add_argument("--plot", type=Path, metavar="PNG", help="draw the frontier here")
-    a.add_argument("--json", type=Path, help="write the answer as JSON here")
+    a.add_argument("--plot", type=output_file, metavar="PNG", help="draw the frontier here")
+    a.add_argument("--json", type=output_file, help="write the answer as JSON here")
     a.add_argument(
         "--jobs",
         type=int,

@@ -54,6 +54,38 @@ def at_least(minimum: int) -> Callable[[str], int]:
     return parse
 
 
+def output_file(text: str) -> Path:
+    """An argparse type: a file to write, in a folder that exists (checked before any
+    work is done, so that an hour's search is not lost to a mistyped folder)."""
+    path = Path(text)
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is a folder; give a file name")
+    if not path.absolute().parent.is_dir():
+        raise argparse.ArgumentTypeError(f"the folder of {text} does not exist")
+    return path
+
+
+def output_folder(text: str) -> Path:
+    """An argparse type: a folder to write into, made if missing under one that exists."""
+    path = Path(text)
+    if path.exists() and not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is a file, not a folder")
+    if not path.absolute().parent.is_dir():
+        raise argparse.ArgumentTypeError(f"the folder that would hold {text} does not exist")
+    return path
+
+
+def positive_number(text: str) -> float:
+    """An argparse type: a positive, finite number."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0.0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text} must be positive and finite")
+    return value
+
+
 def positive_seconds(text: str) -> float:
     """An argparse type: a positive, finite number of seconds."""
     try:

@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 
 from rich.console import Console
 
-from cadence.cli.common import PROG, Commands, RunFailed, UsageError, at_least
+from cadence.cli.common import PROG, Commands, RunFailed, UsageError, at_least, output_file
 from cadence.common.statelock import StateInUse, StateLock
 from cadence.scheduler.registry import POLICIES
 
@@ -212,7 +212,7 @@ def add_run(sub: Commands) -> None:
         "the run's folder and prints the measures as JSON.",
     )
     rn.add_argument("file", type=Path, help="YAML with a RolloutPool and a TrainingRun")
-    rn.add_argument("--json", type=Path, help="also write the measures here")
+    rn.add_argument("--json", type=output_file, help="also write the measures here")
     rn.add_argument("--policy", help="override the run's scheduler policy")
     rn.add_argument(
         "--compare",

@@ -27,10 +27,12 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from cadence.cli.common import (
     Commands,
     UsageError,
+    output_file,
     read_json,
     setting_value,
     validation_sentence,
 )
+from cadence.common.inputs import read_input
 from cadence.common.trace import Trace, TraceError
 from cadence.common.trace import read as read_trace
 from cadence.scheduler import plan
@@ -141,7 +143,7 @@ def _yaml_where(error: yaml.YAMLError) -> str:
 def _holds_resources(path: Path) -> bool:
     """Whether a YAML file holds Kubernetes-style resources rather than a scenario."""
     try:
-        docs = list(yaml.safe_load_all(path.read_bytes().decode("utf-8")))
+        docs = list(yaml.safe_load_all(read_input(path).decode("utf-8")))
     except (OSError, UnicodeDecodeError, yaml.YAMLError, RecursionError):
         return False  # the scenario reader says why
     return any(isinstance(d, dict) and "apiVersion" in d for d in docs)
@@ -436,7 +438,7 @@ def add_sim(sub: Commands) -> None:
     )
     s.add_argument(
         "--write-scenario",
-        type=Path,
+        type=output_file,
         metavar="FILE",
         help="also write the scenario that runs (after --trace and --set) as YAML here, "
         "to edit and run with --scenario",
@@ -460,7 +462,7 @@ def add_sim(sub: Commands) -> None:
         "match, else re-prefill), kv (only where it can be pulled), reprefill (never "
         "pull); overrides the scenario's scheduling.migration",
     )
-    s.add_argument("--json", type=Path, help="write the results as JSON here")
+    s.add_argument("--json", type=output_file, help="write the results as JSON here")
     s.add_argument("--plots", type=Path, metavar="DIR", help="write PNG plots into DIR")
     s.add_argument(
         "--param",

@@ -16,6 +16,7 @@ validated. The manual describes every field (docs/traces.md).
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -25,9 +26,22 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 FORMAT = "cadence.trace/1"
 
+# What a reader takes. A record's numbers are finite and below these: a count or a token
+# figure past 2**53 is not exact as a float, and a second count past a century of
+# seconds is no run's; anything larger is refused, naming its line, not carried into a
+# fit as inf or nan. A line longer than MAX_LINE (no record is near it) or a file past
+# MAX_BYTES is refused before it is read whole (`/dev/zero` has no line end).
+MAX_COUNT = 2**53
+MAX_AT_S = 100 * 365 * 86_400.0
+MAX_LINE = 1 << 24
+MAX_BYTES = 1 << 32
+
+Count = Annotated[int, Field(ge=0, le=MAX_COUNT)]
+Seconds = Annotated[float, Field(ge=0, le=MAX_AT_S)]
+
 
 class _Record(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class Header(_Record):
@@ -45,9 +59,9 @@ class Header(_Record):
 
 class TurnSize(_Record):
     role: Literal["model", "environment"]
-    tokens: int = Field(ge=0)
-    version: int | None = None  # the version that generated a model turn
-    seconds: float | None = Field(default=None, ge=0)  # an observation's wait
+    tokens: Count
+    version: Count | None = None  # the version that generated a model turn
+    seconds: Seconds | None = None  # an observation's wait
 
 
 class Trajectory(_Record):
@@ -55,15 +69,15 @@ class Trajectory(_Record):
     when its record was read, shortly after it was delivered)."""
 
     kind: Literal["trajectory"] = "trajectory"
-    at: float = Field(ge=0)
+    at: Seconds
     id: str
-    batch: int = Field(ge=0)
-    group: int = Field(ge=0)
+    batch: Count
+    group: Count
     worker: str
-    prompt_tokens: int = Field(ge=0)
+    prompt_tokens: Count
     turns: list[TurnSize]
     failed: bool = False
-    latency_s: float | None = Field(default=None, ge=0)
+    latency_s: Seconds | None = None
 
     @property
     def response_tokens(self) -> int:
@@ -84,13 +98,13 @@ class Steps(_Record):
     The means (`step_s`, `batch`, `context_tokens`) are one sample of its step time."""
 
     kind: Literal["steps"] = "steps"
-    at: float = Field(ge=0)
+    at: Seconds
     worker: str
     accelerator: str
-    steps: int = Field(ge=1)
-    seconds: float = Field(ge=0)
-    sequences: int = Field(ge=0)
-    context_tokens: int = Field(ge=0)
+    steps: int = Field(ge=1, le=MAX_COUNT)
+    seconds: Seconds
+    sequences: Count
+    context_tokens: Count
 
     @property
     def step_s(self) -> float:
@@ -110,7 +124,7 @@ class Action(_Record):
     `fresh`, `resume` or `move`) or `advance` (detail: the version)."""
 
     kind: Literal["action"] = "action"
-    at: float = Field(ge=0)
+    at: Seconds
     action: Literal["evict", "place", "advance"]
     worker: str
     trajectory: str = ""
@@ -121,19 +135,19 @@ class Update(_Record):
     """A policy version the trainer published, and how long its update took."""
 
     kind: Literal["update"] = "update"
-    at: float = Field(ge=0)
-    version: int = Field(ge=0)
-    seconds: float = Field(ge=0)
+    at: Seconds
+    version: Count
+    seconds: Seconds
 
 
 class Summary(_Record):
     """The run's outcome, as `cadence run` reports it, and how long advances took."""
 
     kind: Literal["summary"] = "summary"
-    wall_seconds: float = Field(ge=0)
-    throughput_tok_s: float = Field(ge=0)
-    latency_p95_s: float | None = None
-    advance_seconds: float | None = None  # the mean time a worker took to advance
+    wall_seconds: Seconds
+    throughput_tok_s: float = Field(ge=0, le=MAX_COUNT)
+    latency_p95_s: Seconds | None = None
+    advance_seconds: Seconds | None = None  # the mean time a worker took to advance
 
 
 Record = Annotated[
@@ -161,8 +175,27 @@ class Trace(BaseModel):
 
 def read(path: Path) -> Trace:
     """The trace at `path`, every line validated (errors: OSError, TraceError)."""
-    with path.open(encoding="utf-8") as f:
-        return parse(f, str(path))
+    with path.open("rb") as f:
+        return parse(_bounded_lines(f, str(path)), str(path))
+
+
+def _bounded_lines(f: IO[bytes], name: str) -> Iterator[str]:
+    """The file's lines as text, refusing a line past MAX_LINE or a file past MAX_BYTES
+    before either is read whole."""
+    total = 0
+    for n in itertools.count(1):
+        raw = f.readline(MAX_LINE + 1)
+        if not raw:
+            return
+        total += len(raw)
+        if len(raw) > MAX_LINE:
+            raise TraceError(f"{name}, line {n}: longer than {MAX_LINE} bytes; not a trace")
+        if total > MAX_BYTES:
+            raise TraceError(f"{name} is larger than {MAX_BYTES} bytes; not a trace")
+        try:
+            yield raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise TraceError(f"{name}, line {n}: not UTF-8 text") from None
 
 
 def parse(lines: Iterable[str], name: str = "the trace") -> Trace:
@@ -194,16 +227,20 @@ def _records(lines: Iterable[str], name: str) -> Iterator[Record]:
             continue
         try:
             yield _RECORD.validate_python(json.loads(line))
-        except (json.JSONDecodeError, ValidationError) as e:
-            reason = str(e).splitlines()[0] if isinstance(e, json.JSONDecodeError) else _first(e)
-            raise TraceError(f"{name}, line {n}: {reason}") from None
+        except RecursionError:
+            raise TraceError(f"{name}, line {n}: nests too deeply to be a record") from None
+        except ValidationError as e:
+            raise TraceError(f"{name}, line {n}: {_first(e)}") from None
+        except ValueError as e:  # not JSON, or an integer of thousands of digits
+            raise TraceError(f"{name}, line {n}: {str(e).splitlines()[0]}") from None
 
 
 def _first(e: ValidationError) -> str:
     err = e.errors()[0]
     loc = err["loc"][1:] if len(err["loc"]) > 1 else err["loc"]  # past the record's kind
     where = ".".join(str(p) for p in loc)
-    return f"{where}: {err['msg']}" if where else str(err["msg"])
+    record = f" (a {err['loc'][0]} record)" if len(err["loc"]) > 1 else ""
+    return f"{where}: {err['msg']}{record}" if where else str(err["msg"])
 
 
 class Writer:

@@ -28,6 +28,13 @@ from pydantic import (
 )
 
 from cadence.common.catalog import ACCELERATORS, GB, MODELS, TB, Accelerator, Figure
+from cadence.common.inputs import read_input
+from cadence.common.limits import (
+    MAX_ETA,
+    MAX_ITERATIONS,
+    MAX_PROMPTS_PER_BATCH,
+    MAX_SAMPLES_PER_PROMPT,
+)
 from cadence.common.physics import (
     BANDWIDTH_EFFICIENCY,
     DECODE_MFU,
@@ -191,9 +198,10 @@ class Physics(Strict):
 
 
 class Workload(Strict):
-    prompts_per_batch: int = Field(default=512, ge=1, le=65_536)  # B, in prompt groups
-    samples_per_prompt: int = Field(default=16, ge=1, le=1_024)
-    iterations: int = Field(default=5, ge=1, le=1_000)
+    # B, in prompt groups
+    prompts_per_batch: int = Field(default=512, ge=1, le=MAX_PROMPTS_PER_BATCH)
+    samples_per_prompt: int = Field(default=16, ge=1, le=MAX_SAMPLES_PER_PROMPT)
+    iterations: int = Field(default=5, ge=1, le=MAX_ITERATIONS)
     prompt_tokens: int = Field(default=512, ge=1, le=MAX_TOKENS)
     # The default length law (lognormal); `response_lengths` replaces it when given.
     median_response_tokens: float = Field(default=1_500, gt=0, le=MAX_TOKENS)
@@ -261,7 +269,7 @@ class Scheduling(Strict):
     (`SIZING_H_MIN` and `SIZING_DELTA` unless the scenario says otherwise: a scenario made
     from a TrainingRun sizes as the operator sizes that run's workers)."""
 
-    eta: int = Field(default=1, ge=0, le=1_000)
+    eta: int = Field(default=1, ge=0, le=MAX_ETA)
     delta: AutoOrTokens = "auto"
     h_min: AutoOrTokens = "auto"
     min_decode: int = Field(default=64, ge=1, le=MAX_TOKENS)
@@ -488,5 +496,5 @@ class Scenario(Strict):
     def load(path: Path) -> Scenario:
         """Read and validate a scenario YAML file (errors: OSError, UnicodeDecodeError,
         yaml.YAMLError, pydantic.ValidationError); files it names are read relative to it."""
-        raw = yaml.safe_load(path.read_bytes().decode("utf-8"))
+        raw = yaml.safe_load(read_input(path).decode("utf-8"))
         return Scenario.model_validate(raw, context={"base": path.parent})

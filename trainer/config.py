@@ -8,6 +8,12 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from cadence.common.limits import (
+    MAX_ETA,
+    MAX_ITERATIONS,
+    MAX_PROMPTS_PER_BATCH,
+    MAX_SAMPLES_PER_PROMPT,
+)
 from cadence.worker.api import MAX_TOKENS, greedy_or_above_the_floor
 
 
@@ -21,10 +27,10 @@ class TrainerConfig(BaseModel):
     # A built-in task (prompts and verifier, trained here) or "external": prompts are
     # submitted and batches trained by another trainer through the client (`client.py`).
     task: Literal["digits", "arithmetic", "external"] = "digits"
-    group_size: int = Field(default=8, ge=2)  # samples per prompt
-    batch_groups: int = Field(default=8, ge=1)  # B
-    iterations: int = Field(default=20, ge=1)  # batches to train
-    eta: int = Field(default=1, ge=0)
+    group_size: int = Field(default=8, ge=2, le=MAX_SAMPLES_PER_PROMPT)  # samples per prompt
+    batch_groups: int = Field(default=8, ge=1, le=MAX_PROMPTS_PER_BATCH)  # B
+    iterations: int = Field(default=20, ge=1, le=MAX_ITERATIONS)  # batches to train
+    eta: int = Field(default=1, ge=0, le=MAX_ETA)
     learning_rate: float = Field(default=2e-2, ge=0.0)
     clip_eps: float = Field(default=0.2, gt=0.0)
     epochs: int = Field(default=1, ge=1)

@@ -14,6 +14,12 @@ from pydantic import (
 from pydantic.config import JsonDict
 
 from cadence.common.catalog import MODELS
+from cadence.common.limits import (
+    MAX_ETA,
+    MAX_ITERATIONS,
+    MAX_PROMPTS_PER_BATCH,
+    MAX_SAMPLES_PER_PROMPT,
+)
 from cadence.operator.api.base import (
     DNS_LABEL,
     MAX_LENGTH,
@@ -167,7 +173,7 @@ class SchedulerSpec(Spec):
     policy: str = Field(default="cadence", json_schema_extra={"enum": list(POLICIES)})
     """The control loop's policy: cadence, or a baseline to compare it with (sync,
     one-off, areal, laminar, dora, laminar-native)."""
-    eta: int = Field(default=1, ge=0)
+    eta: int = Field(default=1, ge=0, le=MAX_ETA)
     """The staleness bound, in policy versions: a sample of batch u starts only on a
     version of at least u - eta, and admission runs at most eta + 1 batches ahead of the
     newest version; 0 is synchronous, on-policy training."""
@@ -289,16 +295,16 @@ class ResponseLengths(Spec):
 class BatchSpec(Spec):
     """The shape of a training batch and how its samples are drawn (the trainer's)."""
 
-    prompts_per_batch: int = Field(default=8, ge=1)
+    prompts_per_batch: int = Field(default=8, ge=1, le=MAX_PROMPTS_PER_BATCH)
     """B: prompts per training batch, each one a group of samples."""
-    samples_per_prompt: int = Field(default=8, ge=2)
+    samples_per_prompt: int = Field(default=8, ge=2, le=MAX_SAMPLES_PER_PROMPT)
     """Samples drawn per prompt: the group whose rewards GRPO's advantages compare."""
-    max_tokens: int = Field(default=12, ge=1)
+    max_tokens: int = Field(default=12, ge=1, le=MAX_LENGTH)
     """The most tokens a sample's response may have."""
     response_lengths: ResponseLengths | None = None
     """Each sample's response length drawn from a law (capped at maxTokens) and decoded
     to whatever the model samples; unset: the model decides, up to maxTokens."""
-    iterations: int = Field(default=12, ge=1)
+    iterations: int = Field(default=12, ge=1, le=MAX_ITERATIONS)
     """Batches to train, each publishing the next policy version; the run succeeds after
     the last."""
     temperature: float = Field(default=1.0, ge=0)
