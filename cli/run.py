@@ -22,13 +22,16 @@ import sys
 import time
 from collections.abc import Coroutine
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from rich.console import Console
 
 from cadence.cli.common import PROG, Commands, RunFailed, UsageError, at_least, output_file
 from cadence.common.statelock import StateInUse, StateLock
 from cadence.scheduler.registry import POLICIES
+
+if TYPE_CHECKING:
+    from cadence.operator.api.resources import RolloutPool, TrainingRun
 
 T = TypeVar("T")
 
@@ -140,25 +143,72 @@ def _cmd_run(args: argparse.Namespace) -> int:
                 "--chaos-targets environment needs a multi-turn run whose environment is "
                 "the calculator cadence run starts"
             )
-    # Imported here: torch and matplotlib take seconds to import.
-    from rich.live import Live  # noqa: PLC0415
-
-    from cadence.operator.local import live, report  # noqa: PLC0415
-    from cadence.operator.local import run as local  # noqa: PLC0415
-
+    if args.resume and args.workdir is None:
+        raise UsageError("--resume goes on with the run in --workdir DIR: give it")
     workdir = args.workdir or _new_workdir(training.metadata.name)
     try:  # held until this command exits: one run per work directory
         lock = StateLock(workdir, f"the work directory {workdir}", note="run.lock")
     except StateInUse as e:
         raise UsageError(f"{e}; give another --workdir") from None
-    for name in policies:
-        folder = workdir if len(policies) == 1 else workdir / str(name)
-        if (folder / "trainer").exists():
-            raise UsageError(f"{folder} already holds a run; give a new --workdir")
+    try:
+        _check_resume(args, pool, training, policies, workdir)
+        return _run_each(
+            args, pool=pool, training=training, policies=policies, workdir=workdir, targets=targets
+        )
+    finally:
+        lock.release()
+
+
+def _folder(workdir: Path, policies: list[str | None], name: str | None) -> Path:
+    return workdir if len(policies) == 1 else workdir / str(name)
+
+
+def _check_resume(
+    args: argparse.Namespace,
+    pool: RolloutPool,
+    training: TrainingRun,
+    policies: list[str | None],
+    workdir: Path,
+) -> None:
+    """A work directory that holds a run is gone on with only under --resume, and only
+    with the settings it started with (the trainer's ledger was made for them)."""
+    from cadence.operator.local import run as local  # noqa: PLC0415
+
+    held = [n for n in policies if (_folder(workdir, policies, n) / "trainer").exists()]
+    if held and not args.resume:
+        folder = _folder(workdir, policies, held[0])
+        raise UsageError(
+            f"{folder} already holds a run; give --resume to go on with it, or a new --workdir"
+        )
+    if args.resume and not held:
+        raise UsageError(f"{workdir} holds no run to resume; leave out --resume to start one")
+    for name in held:
+        folder = _folder(workdir, policies, name)
+        try:
+            local.check_resumable(pool, training, folder, name, args.seed)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+
+
+def _run_each(
+    args: argparse.Namespace,
+    *,
+    pool: RolloutPool,
+    training: TrainingRun,
+    policies: list[str | None],
+    workdir: Path,
+    targets: frozenset[str],
+) -> int:
+    from rich.live import Live  # noqa: PLC0415
+
+    from cadence.operator.local import live, report  # noqa: PLC0415
+    from cadence.operator.local import run as local  # noqa: PLC0415
+
     console = Console(stderr=True)
     show = args.live if args.live is not None else console.is_terminal
     results = []
     for name in policies:
+        folder = _folder(workdir, policies, name)
         options = local.RunOptions(
             policy=name,
             hosts=args.hosts,
@@ -169,8 +219,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
             seed=args.seed,
             migration=args.migration,
             trace=args.trace,
+            resume=(folder / "trainer").exists(),
         )
-        folder = workdir if len(policies) == 1 else workdir / str(name)
         view = Live(console=console, refresh_per_second=4, transient=True) if show else None
         shown = (
             live.Lines(args.compression, _to_stderr)
@@ -195,7 +245,6 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if args.json is not None:
         args.json.write_text(json.dumps(document, indent=2) + "\n")
     print(json.dumps(document), flush=True)
-    lock.release()
     return 0
 
 
@@ -263,6 +312,13 @@ def add_run(sub: Commands) -> None:
     )
     rn.add_argument(
         "--workdir", type=Path, help="keep the run's files here (default: runs/NAME-TIME)"
+    )
+    rn.add_argument(
+        "--resume",
+        action="store_true",
+        help="go on with the run in --workdir after it was stopped or killed: the trainer "
+        "resumes from its ledger and last weights, the samples in flight are admitted "
+        "again, and nothing delivered is trained twice",
     )
     rn.add_argument(
         "--trace",

@@ -243,6 +243,16 @@ def _first(e: ValidationError) -> str:
     return f"{where}: {err['msg']}{record}" if where else str(err["msg"])
 
 
+def unused_path(stem: Path) -> Path:
+    """`stem.jsonl`, or `stem.N.jsonl` for the first N free: a control loop that starts
+    again (a new operator, a changed scheduler, a resumed run) writes a trace of its own."""
+    path, n = stem.with_name(stem.name + ".jsonl"), 0
+    while path.exists():
+        n += 1
+        path = stem.with_name(f"{stem.name}.{n}.jsonl")
+    return path
+
+
 class Writer:
     """Appends records to a trace file, one line each, flushed as written so that a
     run that dies leaves every record before its death."""

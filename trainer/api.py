@@ -194,7 +194,20 @@ class SubmittedPrompt(_Body):
 
 
 class SubmitRequest(_Body):
+    """POST /v1/prompts. With `first`, the prompts are the ones numbered `first` on in
+    the run's order: a chunk sent again (a retry after a lost answer) queues nothing
+    twice, and one that would leave a gap is refused (409)."""
+
     prompts: list[SubmittedPrompt] = Field(min_length=1, max_length=100_000)
+    first: int | None = Field(default=None, ge=0, le=2**63 - 1)
+
+
+class PromptQueue(_Body):
+    """POST or GET /v1/prompts: prompts submitted so far, and how many of them the run
+    has admitted (a submitter keeps the difference bounded)."""
+
+    queued: int
+    admitted: int
 
 
 class BatchSample(_Body):

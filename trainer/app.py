@@ -36,6 +36,7 @@ from cadence.trainer.api import (
     EndedTurn,
     IngestResponse,
     LedgerView,
+    PromptQueue,
     PublishRequest,
     RecordMany,
     RecordRequest,
@@ -296,7 +297,7 @@ def _external_routes(trainer: Trainer, guarded: Any, route_class: type[APIRoute]
         )
 
     @router.post("/v1/prompts", dependencies=guarded)
-    async def submit(body: SubmitRequest) -> dict[str, int]:
+    async def submit(body: SubmitRequest) -> PromptQueue:
         if not trainer.external:
             raise web.Refusal(409, "not_external", "this trainer draws prompts from its task")
         prompts = [
@@ -304,7 +305,16 @@ def _external_routes(trainer: Trainer, guarded: Any, route_class: type[APIRoute]
             for p in body.prompts
         ]
         with trainer.lock:
-            return {"queued": trainer.ledger.submit(prompts)}
+            try:
+                queued = trainer.ledger.submit(prompts, body.first)
+            except LedgerError as e:
+                raise web.Refusal(409, "gap", str(e)) from None
+            return PromptQueue(queued=queued, admitted=trainer.ledger.cursor)
+
+    @router.get("/v1/prompts", dependencies=guarded)
+    async def prompt_queue() -> PromptQueue:
+        with trainer.lock:
+            return PromptQueue(queued=trainer.ledger.queued(), admitted=trainer.ledger.cursor)
 
     @router.get("/v1/batches/{u}", dependencies=guarded)
     async def batch(u: int) -> Batch:

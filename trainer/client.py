@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Literal
 
@@ -23,6 +23,7 @@ from cadence.trainer.api import (
     Batch,
     EndedPage,
     LedgerView,
+    PromptQueue,
     PublishRequest,
     Record,
     RecordMany,
@@ -35,6 +36,11 @@ from cadence.trainer.api import (
     SubmittedPrompt,
     VersionInfo,
 )
+
+# One submission's share of the service's body limit (web.MAX_BODY_BYTES, 8 MiB), and of
+# its 100,000 prompts a request.
+CHUNK_BYTES = 4 << 20
+CHUNK_PROMPTS = 10_000
 
 
 class TrainerError(ServiceError):
@@ -92,10 +98,55 @@ class TrainerClient(ServiceClient):
         """The run's group size, batch, iterations, eta, sampling and token limits."""
         return RunSettings.model_validate(await self._call("GET", "/v1/settings"))
 
-    async def submit(self, prompts: Sequence[SubmittedPrompt]) -> int:
-        """Queue prompts for admission, in order; returns how many are queued in all."""
-        data = await self._call("POST", "/v1/prompts", SubmitRequest(prompts=list(prompts)))
-        return int(data["queued"])
+    async def submit(self, prompts: Sequence[SubmittedPrompt], first: int | None = None) -> int:
+        """Queue prompts for admission, in order; returns how many are queued in all. With
+        `first`, they are the run's prompts numbered from `first` (safe to send again)."""
+        body = SubmitRequest(prompts=list(prompts), first=first)
+        return PromptQueue.model_validate(await self._call("POST", "/v1/prompts", body)).queued
+
+    async def prompt_queue(self) -> PromptQueue:
+        return PromptQueue.model_validate(await self._call("GET", "/v1/prompts"))
+
+    async def submit_all(
+        self,
+        prompts: Iterable[SubmittedPrompt],
+        *,
+        window: int | None = None,
+        poll_s: float = 0.2,
+        chunk_bytes: int = CHUNK_BYTES,
+        chunk_prompts: int = CHUNK_PROMPTS,
+    ) -> int:
+        """Submit a dataset of any size: in chunks that fit one request (by count and by
+        bytes), each numbered so that a retry queues nothing twice, and, with `window`,
+        never more than `window` prompts queued ahead of admission (the run admits as it
+        trains, so the ledger holds what is near, not the whole dataset). `prompts` is
+        read lazily. Returns how many are queued in all."""
+        if window is not None and window < 1:
+            raise ValueError(f"window must be at least 1, not {window}")
+        queued = (await self.prompt_queue()).queued if window is not None else 0
+        chunk: list[SubmittedPrompt] = []
+        first = size = 0
+        for prompt in prompts:
+            cost = len(prompt.model_dump_json()) + 1
+            if chunk and (len(chunk) >= chunk_prompts or size + cost > chunk_bytes):
+                queued = await self._send(chunk, first, window, poll_s)
+                first, chunk, size = first + len(chunk), [], 0
+            chunk.append(prompt)
+            size += cost
+        if chunk:
+            queued = await self._send(chunk, first, window, poll_s)
+        return queued
+
+    async def _send(
+        self, chunk: list[SubmittedPrompt], first: int, window: int | None, poll_s: float
+    ) -> int:
+        if window is not None:
+            while True:
+                q = await self.prompt_queue()
+                if q.queued - q.admitted < window:
+                    break
+                await asyncio.sleep(poll_s)
+        return await self.submit(chunk, first=first)
 
     async def batch(self, u: int, *, poll_s: float = 0.2, timeout_s: float | None = None) -> Batch:
         """Batch `u`, whole: waits (polling) until every sample of it is delivered."""

@@ -210,16 +210,25 @@ class Ledger:
             self._set("cursor", str(k + 1))
         return Group(k, list(prompt), answer)
 
-    def submit(self, prompts: Sequence[tuple[Sequence[int], str]]) -> int:
-        """Queue prompts (token ids, answer) for admission; returns how many are queued."""
+    def submit(self, prompts: Sequence[tuple[Sequence[int], str]], first: int | None = None) -> int:
+        """Queue prompts (token ids, answer) for admission; returns how many are queued.
+        With `first`, they are prompts `first`, `first + 1`, ...: those queued already
+        are skipped, and a `first` past the end is refused (it would leave a gap)."""
         with self._tx():
-            row = self.db.execute("SELECT COALESCE(MAX(seq) + 1, 0) FROM submitted").fetchone()
-            start = int(row[0])
+            start = self.queued()
+            if first is not None and first > start:
+                raise LedgerError(f"prompts up to #{start - 1} are queued; #{first} leaves a gap")
+            skip = 0 if first is None else start - first
             self.db.executemany(
                 "INSERT INTO submitted (seq, prompt, answer) VALUES (?, ?, ?)",
-                [(start + i, json.dumps(list(p)), a) for i, (p, a) in enumerate(prompts)],
+                [(start + i, json.dumps(list(p)), a) for i, (p, a) in enumerate(prompts[skip:])],
             )
-        return start + len(prompts)
+            return self.queued()
+
+    def queued(self) -> int:
+        """Prompts submitted so far."""
+        row = self.db.execute("SELECT COALESCE(MAX(seq) + 1, 0) FROM submitted").fetchone()
+        return int(row[0])
 
     def submitted(self, seq: int) -> tuple[list[int], str] | None:
         """The `seq`-th submitted prompt, if it has been submitted."""

@@ -11,6 +11,7 @@ after its first (cold) weight sync, so a sample TRL sees carries Cadence's versi
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import multiprocessing.queues
 import queue
@@ -151,21 +152,31 @@ class CadenceRolloutWorker:
         assert self.settings is not None
         run = self.settings
         client = TrainerClient(self.url, self.token)
+        total = run.iterations * run.batch_groups
+        # The dataset streams in chunks, kept a few batches ahead of admission: any size
+        # goes, and the run's ledger never holds the whole of it.
+        submitting = asyncio.create_task(
+            client.submit_all(
+                (self._prompt(g) for g in range(total)),
+                window=2 * (run.eta + 2) * run.batch_groups,
+                poll_s=self.poll_s,
+            )
+        )
         try:
-            total = run.iterations * run.batch_groups
-            prompts = [self._prompt(g) for g in range(total)]
-            await client.submit(prompts)
-            self._heard_at = time.monotonic()
             last: list[Any] = []
             for u in range(run.iterations):
-                batch = await self._batch(client, u)
+                batch = await self._batch(client, u, submitting)
                 if batch is None:
                     return
                 last = self._score(batch)
                 for s in last:
                     self.rollout_buffer.put(s)
+            await submitting
             self._read_ahead(last)
         finally:
+            submitting.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await submitting
             await client.aclose()
 
     def _read_ahead(self, last: list[Any]) -> None:
@@ -177,8 +188,12 @@ class CadenceRolloutWorker:
         for s in last[:micro_batch]:
             self.rollout_buffer.put(replace(s, advantage=0.0, metrics={"read_ahead": 1.0}))
 
-    async def _batch(self, client: TrainerClient, u: int) -> list[BatchSample] | None:
+    async def _batch(
+        self, client: TrainerClient, u: int, submitting: asyncio.Task[int]
+    ) -> list[BatchSample] | None:
         while not self._stop.is_set():
+            if submitting.done():
+                submitting.result()  # a submission that failed ends the rollout with its error
             try:
                 found = await client.batch(u, poll_s=self.poll_s, timeout_s=self.poll_s * 5)
             except httpx.TransportError:

@@ -10,13 +10,12 @@ from __future__ import annotations
 import datetime
 import logging
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 import httpx
 
 from cadence.common.errors import describe
-from cadence.common.trace import Summary
+from cadence.common.trace import Summary, unused_path
 from cadence.operator.api.capacity import check_pair
 from cadence.operator.api.resources import (
     API_VERSION,
@@ -46,16 +45,6 @@ from cadence.scheduler.registry import POLICIES
 from cadence.trainer.client import TrainerClient, TrainerError
 
 log = logging.getLogger("cadence.operator")
-
-
-def _unused_path(stem: Path) -> Path:
-    """`stem.jsonl`, or `stem.N.jsonl` for the first N free: a control loop that starts
-    again (a new operator, a changed scheduler) writes a trace of its own."""
-    path, n = stem.with_name(stem.name + ".jsonl"), 0
-    while path.exists():
-        n += 1
-        path = stem.with_name(f"{stem.name}.{n}.jsonl")
-    return path
 
 
 async def _finish_trace(
@@ -173,7 +162,7 @@ class RunReconciler(ReconcilerBase):
             engine="emulated" if len(emulated) == len(pool.spec.groups) else "vllm",
             compression=pool.spec.emulated_speed if emulated else 1.0,
         )
-        path = _unused_path(
+        path = unused_path(
             self.trace_dir / ns / f"{name}-{uid}" if uid else self.trace_dir / ns / name
         )
         recorder = TraceRecorder(path, header, client, self.clock)

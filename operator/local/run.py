@@ -30,7 +30,8 @@ from typing import Literal, TypeVar
 import httpx
 
 from cadence.common.errors import describe
-from cadence.common.trace import Summary
+from cadence.common.statelock import StateInUse, StateLock
+from cadence.common.trace import Summary, unused_path
 from cadence.operator.api.capacity import group_plans, hourly_price
 from cadence.operator.api.resources import MultiTurnSpec, RolloutPool, TrainingRun
 from cadence.operator.api.settings import budgets_of, knobs_of, trainer_config
@@ -106,6 +107,7 @@ class RunOptions:
     lost_after_s: float = 3.0
     migration: Migration | None = None  # None: the TrainingRun's
     trace: bool = True  # write the run's trace, trace.jsonl, in its folder
+    resume: bool = False  # go on with the run in the folder (`check_resumable` first)
 
 
 @dataclass
@@ -130,6 +132,47 @@ class Progress:
     actions: Mapping[tuple[str, str], int] = field(default_factory=dict)  # (kind, detail)
 
 
+def _model_path(training: TrainingRun, workdir: Path) -> Path:
+    return Path(training.spec.model.path) if training.spec.model.path else workdir / "model"
+
+
+def _trainer_config(
+    training: TrainingRun, workdir: Path, policy: str | None, seed: int
+) -> TrainerConfig:
+    policy = policy or training.spec.scheduler.policy
+    model = _model_path(training, workdir)
+    config = trainer_config(training, model, workdir / "trainer", policy).model_copy(
+        update={"seed": seed}
+    )
+    if config.task == "external":  # the external trainer publishes by path, under here
+        config = config.model_copy(update={"publish_from": workdir / "publish"})
+    return config
+
+
+def check_resumable(
+    pool: RolloutPool, training: TrainingRun, workdir: Path, policy: str | None, seed: int
+) -> None:
+    """Whether the run in `workdir` can go on under these settings: its trainer was
+    configured by the same file, policy and seed (its ledger was made for them), and its
+    model is still there. ValueError says what differs."""
+    del pool  # the pool may change between a run's parts: its workers are new ones
+    saved = workdir / "trainer.json"
+    try:
+        before = TrainerConfig.model_validate_json(saved.read_text())
+    except (OSError, ValueError):
+        raise ValueError(f"{workdir} holds no readable trainer.json to resume from") from None
+    now = _trainer_config(training, workdir, policy, seed)
+    differ = [k for k in TrainerConfig.model_fields if getattr(before, k) != getattr(now, k)]
+    if differ:
+        raise ValueError(
+            f"the run in {workdir} started with another {differ[0]} "
+            f"({getattr(before, differ[0])!r}, now {getattr(now, differ[0])!r}); resume it "
+            "with the file, policy and seed it started with"
+        )
+    if not (now.model_path / "config.json").is_file():
+        raise ValueError(f"the run's model {now.model_path} is gone; it cannot be resumed")
+
+
 async def run(
     pool: RolloutPool,
     training: TrainingRun,
@@ -140,21 +183,19 @@ async def run(
     spec = training.spec
     policy = options.policy or spec.scheduler.policy
     workdir.mkdir(parents=True, exist_ok=True)
-    # The local model's positions hold the run's longest answer and 4,096 tokens of
-    # prompt and observations: a worker refuses a sample its model cannot hold.
-    positions = max(4096, spec.batch.max_tokens + 4096)
-    model = (
-        Path(spec.model.path)
-        if spec.model.path
-        else make_tiny_llama(workdir / "model", max_positions=positions)
-    )
+    model = _model_path(training, workdir)
+    if not spec.model.path and not options.resume:
+        # The local model's positions hold the run's longest answer and 4,096 tokens of
+        # prompt and observations: a worker refuses a sample its model cannot hold.
+        positions = max(4096, spec.batch.max_tokens + 4096)
+        make_tiny_llama(model, max_positions=positions)
     token = secrets.token_hex(16)
-    config = trainer_config(training, model, workdir / "trainer", policy).model_copy(
-        update={"seed": options.seed}
-    )
-    if config.task == "external":  # the external trainer publishes by path, under here
-        config = config.model_copy(update={"publish_from": workdir / "publish"})
-    (workdir / "trainer.json").write_text(config.model_dump_json(indent=2))
+    config = _trainer_config(training, workdir, policy, options.seed)
+    if not options.resume:
+        (workdir / "trainer.json").write_text(config.model_dump_json(indent=2))
+    # The wall time of the run's earlier parts, when it is resumed: its figures cover the
+    # whole run (the time between a kill and the resume is not counted).
+    elapsed = _Elapsed(workdir / "elapsed.json", resumed=options.resume)
     workers = pool_workers(pool, training)
     if options.engine == "vllm":
         workers, warning = vllm_workers(workers)
@@ -166,6 +207,8 @@ async def run(
         sup = Supervisor(
             children, [], workdir / "weights", options.engine, kv_transfer=migration != "reprefill"
         )
+        if options.resume:
+            await _until_free(config.state_dir)
         trainer_url = sup.start_service(
             "trainer", ["trainer", "--config", str(workdir / "trainer.json")]
         )
@@ -185,9 +228,12 @@ async def run(
         await sup.healthy("trainer", within_s=300)
         if config.task == "external":
             _invite(workdir, trainer_url, token, model, config)
+        client = TrainerClient(trainer_url, token)
+        if options.resume:
+            requeued = await _requeue_in_flight(client)
+            state.events.append(f"resumed: {requeued} samples in flight admitted again")
         await sup.start_pool(workers, options.hosts)
         knobs = dataclasses.replace(knobs_of(training, pool), migration=migration)
-        client = TrainerClient(trainer_url, token)
         started, wall_started = time.monotonic(), time.time()
         timeline: list[Sample] = []
 
@@ -237,6 +283,7 @@ async def run(
                 return False
             state.stats = await _reach(client.stats, sup)
             asked = time.monotonic()
+            elapsed.save(asked - started)
             state.lost = loop.lost
             state.events = sup.events
             state.actions = dict(loop.event_counts)
@@ -247,7 +294,7 @@ async def run(
         try:
             async with sup.watching(), _striking(chaos):
                 await loop.run(done)
-                wall = time.monotonic() - started
+                wall = elapsed.save(time.monotonic() - started)
                 final = await _reach(client.stats, sup)
                 if recorder is not None:
                     await _reach(lambda: recorder.read_trainer(now=True), sup)
@@ -272,6 +319,7 @@ async def run(
     measures["environment_restarts"] = sup.restarts["environment"]
     measures["chaos"] = dict(chaos.counts)
     measures["engine"] = options.engine
+    measures["resumed"] = options.resume
     if recorder is not None:
         recorder.close(_summary(measures))
         measures["trace"] = str(recorder.path)
@@ -294,7 +342,66 @@ def _recorder(
     header = trace_header(
         pool, training, policy=policy, engine=options.engine, compression=options.compression
     )
-    return TraceRecorder(workdir / "trace.jsonl", header, client, time.monotonic)
+    # A resumed run's part writes a trace of its own beside the earlier parts'.
+    return TraceRecorder(unused_path(workdir / "trace"), header, client, time.monotonic)
+
+
+@dataclass
+class _Elapsed:
+    """The run's wall seconds across its parts, kept in a file as it goes, so that a run
+    killed and resumed reports figures for the whole of it."""
+
+    path: Path
+    resumed: bool
+    before: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not self.resumed:
+            return
+        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+            self.before = float(json.loads(self.path.read_text())["seconds"])
+
+    def save(self, seconds: float) -> float:
+        """The whole run's wall seconds so far, `seconds` of them in this part; kept."""
+        total = self.before + seconds
+        partial = self.path.with_name(self.path.name + ".partial")
+        with contextlib.suppress(OSError):
+            partial.write_text(json.dumps({"seconds": round(total, 3)}) + "\n")
+            partial.replace(self.path)
+        return total
+
+
+async def _until_free(state_dir: Path, within_s: float = 60.0) -> None:
+    """The earlier part's trainer is told to stop when the run that started it dies, and
+    may hold its state directory a moment longer; the resumed trainer waits for it."""
+    deadline = time.monotonic() + within_s
+    while True:
+        try:
+            held = StateLock(state_dir, f"the trainer state {state_dir}", note="trainer.lock")
+        except StateInUse as e:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{e}; stop it before resuming the run") from None
+            await asyncio.sleep(0.2)
+            continue
+        held.release()
+        return
+
+
+async def _requeue_in_flight(client: TrainerClient) -> int:
+    """A resumed run's workers are new: what the ledger says was on the old ones (placed,
+    parked at a tool, or being delivered) went with them, and is admitted again (a
+    worker's fault: it counts against no sample). A delivery that reached the trainer
+    meanwhile is refused with 409 and stays delivered."""
+    view = await client.ledger()
+    requeued = 0
+    for s in view.in_flight:
+        try:
+            await client.requeue(s.id, "worker")
+            requeued += 1
+        except TrainerError as e:
+            if e.status != 409:
+                raise
+    return requeued
 
 
 def _summary(measures: Mapping[str, object]) -> Summary:
