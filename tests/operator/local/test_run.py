@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import json
 import os
+import random
 import shutil
 import signal
 import sqlite3
@@ -259,8 +260,75 @@ def test_a_folder_that_holds_a_run_is_refused(
     (tmp_path / "sync" / "trainer").mkdir(parents=True)
     assert main(["run", str(EXAMPLE), "--compare", "cadence,sync", "--workdir", str(tmp_path)]) == 2
     assert capsys.readouterr().err == (
-        f"cadence: error: {tmp_path / 'sync'} already holds a run; give a new --workdir\n"
+        f"cadence: error: {tmp_path / 'sync'} already holds a run; give --resume to go on "
+        "with it, or a new --workdir\n"
     )
+
+
+def test_resuming_is_refused_where_there_is_nothing_or_something_else_to_resume(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["run", str(EXAMPLE), "--resume"]) == 2
+    assert "give it" in capsys.readouterr().err
+    assert main(["run", str(EXAMPLE), "--workdir", str(tmp_path), "--resume"]) == 2
+    assert capsys.readouterr().err == (
+        f"cadence: error: {tmp_path} holds no run to resume; leave out --resume to start one\n"
+    )
+    (tmp_path / "trainer").mkdir()
+    (tmp_path / "trainer.json").write_text("{not json")
+    assert main(["run", str(EXAMPLE), "--workdir", str(tmp_path), "--resume"]) == 2
+    assert "holds no readable trainer.json" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_a_run_killed_at_a_random_moment_resumes_and_trains_every_sample_once(
+    tmp_path: Path,
+) -> None:
+    """SIGKILL, as a lost machine: the trainer resumes from its ledger and last weights,
+    what was on the workers is admitted again, and nothing is trained twice."""
+    spec = tmp_path / "run.yaml"
+    spec.write_text(EXAMPLE.read_text().replace("iterations: 30", "iterations: 6"))
+    workdir = tmp_path / "run"
+    moment = random.Random(os.urandom(8)).randint(1, 4)  # batches trained before the kill
+    first = _start_run(workdir, spec)
+    try:
+        _wait_for_the_run(workdir, first.pid)
+        what = f"{moment} batches trained"
+        eventually(lambda: _consumed(workdir) >= moment * 64, timeout_s=300, what=what)
+        first.kill()
+        first.wait()
+        eventually(
+            lambda: _children(workdir, first.pid) == [],
+            timeout_s=60,
+            what="the killed run's trainer and hosts to exit",
+        )
+    finally:
+        _end(first, workdir)
+    resumed = subprocess.Popen(
+        [*CADENCE, "run", str(spec), "--workdir", str(workdir), "--resume"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        out, err = resumed.communicate(timeout=600)
+    finally:
+        _end(resumed, workdir)
+    assert resumed.returncode == 0, (moment, err.decode()[-2000:])
+    result = json.loads(out.decode().strip().splitlines()[-1])
+    assert result["resumed"] is True
+    assert result["samples_admitted"] == 6 * 64 == result["samples_delivered"], moment
+    assert result["samples_lost"] == 0 and result["samples_duplicated"] == 0
+    with contextlib.closing(sqlite3.connect(workdir / "trainer" / "ledger.db")) as db:
+        states = dict(db.execute("SELECT state, COUNT(*) FROM samples GROUP BY state").fetchall())
+        twice = db.execute(
+            "SELECT id FROM arrivals WHERE outcome = 'accepted' GROUP BY id HAVING COUNT(*) > 1"
+        ).fetchall()
+        updates = db.execute("SELECT version, stats FROM updates ORDER BY version").fetchall()
+    assert states == {"consumed": 6 * 64} and twice == [], moment
+    # The reward curve has every batch once, each trained whole: versions 1 to 6 in order.
+    assert [v for v, _ in updates] == [1, 2, 3, 4, 5, 6], moment
+    assert all(json.loads(stats)["samples"] == 64 for _, stats in updates), moment
+    assert (workdir / "trace.jsonl").exists() and (workdir / "trace.1.jsonl").exists()
 
 
 @pytest.mark.slow
