@@ -42,6 +42,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
             token=token,
             host=args.host,
             port=args.port,
+            listen_fd=args.listen_fd,
             compression=args.compression,
             min_kv_tokens=args.min_kv_tokens,
             trainer_url=args.trainer_url,
@@ -77,7 +78,13 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     except serve.ConfigError as e:
         raise UsageError(str(e)) from None
     if hosted:
-        serve.serve_host(hosted, host=options.host, port=options.port, grace_s=options.grace_s)
+        serve.serve_host(
+            hosted,
+            host=options.host,
+            port=options.port,
+            grace_s=options.grace_s,
+            listen_fd=options.listen_fd,
+        )
     else:
         serve.serve(options)
     return 0
@@ -149,8 +156,8 @@ def _serve_trainer(
     from cadence.trainer.trainer import StateDamaged  # noqa: PLC0415
 
     try:
-        serve(config, token, host=args.host, port=args.port, **tls)
-    except (StateInUse, StateDamaged, LedgerError) as e:
+        serve(config, token, host=args.host, port=args.port, listen_fd=args.listen_fd, **tls)
+    except (StateInUse, StateDamaged, LedgerError, ValueError) as e:
         raise UsageError(str(e)) from None
     return 0
 
@@ -188,9 +195,10 @@ def _cmd_environment(args: argparse.Namespace) -> int:
     try:
         token = web.read_token(args.token_file)
         web.check_tls(args.tls_cert, args.tls_key)
+        sockets = web.inherited_sockets(args.listen_fd)
     except ValueError as e:
         raise UsageError(str(e)) from None
-    uvicorn.run(
+    config = uvicorn.Config(
         create_app(token),
         host=args.host,
         port=args.port,
@@ -199,7 +207,19 @@ def _cmd_environment(args: argparse.Namespace) -> int:
         ssl_certfile=args.tls_cert,
         ssl_keyfile=args.tls_key,
     )
+    uvicorn.Server(config).run(sockets=sockets)
     return 0
+
+
+def _add_listen_fd(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--listen-fd",
+        type=at_least(0),
+        metavar="FD",
+        help="serve on the listening socket this process inherited as file descriptor FD "
+        "(bound by the process that started it, so no other can take the port between); "
+        "--port then only names it",
+    )
 
 
 def _add_tls(parser: argparse.ArgumentParser) -> None:
@@ -310,6 +330,7 @@ def add_worker(sub: Commands) -> None:
         "instead, below --kv-lease-s (vllm; default 20)",
     )
     _add_tls(w)
+    _add_listen_fd(w)
     w.set_defaults(run=_cmd_worker)
 
 
@@ -365,6 +386,7 @@ def add_trainer(sub: Commands) -> None:
     t.add_argument("--port", type=at_least(1), default=8100)
     t.add_argument("--token-file", type=Path, help="file holding the bearer token")
     _add_tls(t)
+    _add_listen_fd(t)
     t.set_defaults(run=_cmd_trainer)
 
 
@@ -382,4 +404,5 @@ def add_environment(sub: Commands) -> None:
     env.add_argument("--port", type=at_least(1), default=8200)
     env.add_argument("--token-file", type=Path, help="file holding the bearer token")
     _add_tls(env)
+    _add_listen_fd(env)
     env.set_defaults(run=_cmd_environment)

@@ -25,6 +25,7 @@ import functools
 import hmac
 import json
 import os
+import socket
 import sqlite3
 import ssl
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Mapping, Sequence
@@ -343,6 +344,22 @@ def http_protocol() -> type[asyncio.Protocol]:
 
         base = H11Protocol
     return type("DeadlineHttpProtocol", (_HeadersDeadline, base), {})
+
+
+def inherited_sockets(fd: int | None) -> list[socket.socket] | None:
+    """The listening socket the parent bound and passed as file descriptor `fd`
+    (`--listen-fd`; None: none, the server binds its own port). A parent that binds the
+    port before it starts the child leaves no moment in which another process can take
+    it (`operator/local/processes.py`)."""
+    if fd is None:
+        return None
+    try:
+        sock = socket.socket(fileno=fd)
+    except OSError as e:
+        raise ValueError(f"--listen-fd {fd} is not an open socket: {e.strerror or e}") from None
+    if sock.type != socket.SOCK_STREAM:
+        raise ValueError(f"--listen-fd {fd} is not a stream socket")
+    return [sock]
 
 
 class EmbeddedServer(uvicorn.Server):

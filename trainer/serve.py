@@ -24,14 +24,19 @@ def serve(
     port: int = 8100,
     tls_cert: Path | None = None,
     tls_key: Path | None = None,
+    listen_fd: int | None = None,
 ) -> None:
+    sockets = web.inherited_sockets(listen_fd)
     trainer = Trainer(config)
-    uvicorn.run(
-        create_app(trainer, token),
-        host=host,
-        port=port,
-        log_level="info",
-        http=web.http_protocol(),
-        ssl_certfile=tls_cert,
-        ssl_keyfile=tls_key,
+    server = uvicorn.Server(
+        uvicorn.Config(
+            create_app(trainer, token),
+            host=host,
+            port=port,
+            log_level="info",
+            http=web.http_protocol(),
+            ssl_certfile=tls_cert,
+            ssl_keyfile=tls_key,
+        )
     )
+    server.run(sockets=sockets)

@@ -58,6 +58,7 @@ class WorkerOptions:
     token: str
     host: str = "127.0.0.1"
     port: int = 8000
+    listen_fd: int | None = None  # a listening socket passed by the parent, instead of port
     compression: float = 1.0
     min_kv_tokens: int = 20_000
     trainer_url: str | None = None
@@ -307,7 +308,8 @@ def serve(options: WorkerOptions) -> None:
             ssl_keyfile=options.tls_key,
         )
         try:
-            await _DrainingServer(config, [core], options.grace_s).serve()
+            sockets = web.inherited_sockets(options.listen_fd)
+            await _DrainingServer(config, [core], options.grace_s).serve(sockets=sockets)
         finally:
             if isinstance(core.engine, VllmEngine):
                 core.engine.shutdown()  # inside the loop, where vLLM closes its sockets
@@ -315,7 +317,14 @@ def serve(options: WorkerOptions) -> None:
     asyncio.run(run())
 
 
-def serve_host(workers: list[WorkerOptions], *, host: str, port: int, grace_s: float) -> None:
+def serve_host(
+    workers: list[WorkerOptions],
+    *,
+    host: str,
+    port: int,
+    grace_s: float,
+    listen_fd: int | None = None,
+) -> None:
     """Several emulated workers in this process, each mounted at `/<id>` on one port
     (`host.py`). Killing the process loses them all, as losing a node would."""
     import torch  # noqa: PLC0415  # see build()
@@ -337,6 +346,7 @@ def serve_host(workers: list[WorkerOptions], *, host: str, port: int, grace_s: f
             ssl_certfile=tls.tls_cert,
             ssl_keyfile=tls.tls_key,
         )
-        await _DrainingServer(config, list(cores.values()), grace_s).serve()
+        sockets = web.inherited_sockets(listen_fd)
+        await _DrainingServer(config, list(cores.values()), grace_s).serve(sockets=sockets)
 
     asyncio.run(run())

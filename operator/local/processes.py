@@ -52,9 +52,25 @@ _SPAWN = [sys.executable, "-c", _PROLOGUE + "from cadence.cli import entry; entr
 
 
 def free_port() -> int:
+    """A port free now. Another process may take it before it is bound: for a service
+    this process starts, `Children` binds the port itself and passes the socket."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def bound_socket(port: int = 0) -> socket.socket:
+    """A TCP socket bound to `port` on 127.0.0.1 (0: any free one), not yet listening: the
+    child it is passed to listens on it. SO_REUSEADDR, so a restarted child's port is
+    bound again while the old one's connections linger in TIME_WAIT."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", port))
+    except OSError:
+        sock.close()
+        raise
+    return sock
 
 
 def wait_healthy(
@@ -143,24 +159,34 @@ class Children:
         await asyncio.shield(asyncio.to_thread(self.stop))
 
     def start(self, name: str, args: Sequence[str]) -> str:
-        """Start `cadence ARGS --port P`; returns its URL (not yet healthy)."""
-        port = free_port()
+        """Start `cadence ARGS --port P --listen-fd FD`, on a port this process binds and
+        passes (so no other process can take it between choosing and binding); returns
+        its URL (not yet healthy)."""
+        sock = bound_socket()
+        port = int(sock.getsockname()[1])
         self._commands[name] = [*args, "--port", str(port)]
         self.urls[name] = f"http://127.0.0.1:{port}"
-        self._spawn(name)
+        self._spawn(name, sock)
         return self.urls[name]
 
     def restart(self, name: str) -> str:
         """Start `name` again as it was started, on the same port, so whoever holds its URL
         reaches the new process (a restarted container keeps its Service's address). The
-        old one must have exited."""
+        old one must have exited. Should another process have taken the port meanwhile,
+        the child is started without a socket, fails to bind, and its exit is a failed
+        start like any other."""
         old = self.processes[name]
         if old.poll() is None:
             raise RuntimeError(f"{name} is still running")
-        self._spawn(name)
+        port = int(self.urls[name].rsplit(":", 1)[1])
+        try:
+            sock: socket.socket | None = bound_socket(port)
+        except OSError:
+            sock = None
+        self._spawn(name, sock)
         return self.urls[name]
 
-    def _spawn(self, name: str) -> None:
+    def _spawn(self, name: str, sock: socket.socket | None) -> None:
         old = self.processes.get(name)
         if old is not None and old.poll() is not None:
             self._kill(old)  # whatever the exited one left running in its session
@@ -172,17 +198,23 @@ class Children:
         env.pop(PARENT_PID, None)  # this process's own, if a `Children` started it
         if threading.current_thread() is threading.main_thread():
             env[PARENT_PID] = str(os.getpid())
-        self.processes[name] = subprocess.Popen(
-            [*_SPAWN, *self._commands[name]],
-            cwd=self.cwd,
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            # Ctrl-C reaches this process only; it stops them.
-            start_new_session=self.new_session,
-        )
-        if not isinstance(out, int):
-            out.close()
+        passed = () if sock is None else ("--listen-fd", str(sock.fileno()))
+        try:
+            self.processes[name] = subprocess.Popen(
+                [*_SPAWN, *self._commands[name], *passed],
+                cwd=self.cwd,
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                # Ctrl-C reaches this process only; it stops them.
+                start_new_session=self.new_session,
+                pass_fds=() if sock is None else (sock.fileno(),),
+            )
+        finally:
+            if sock is not None:
+                sock.close()  # the child holds it now
+            if not isinstance(out, int):
+                out.close()
 
     def running(self, name: str) -> bool:
         return self.processes[name].poll() is None

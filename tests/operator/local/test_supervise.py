@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 import subprocess
 from collections.abc import Mapping
 from pathlib import Path
@@ -36,7 +37,9 @@ class Processes(Children):
         self.answering: set[str] = set()
         self.started: list[str] = []
 
-    def _spawn(self, name: str) -> None:
+    def _spawn(self, name: str, sock: socket.socket | None) -> None:
+        if sock is not None:
+            sock.close()
         if name in self.processes:  # a restart answers when the test says so again
             self.answering.discard(name)
         self.started.append(name)
@@ -273,3 +276,33 @@ def test_a_child_counts_as_answering_unless_silent_stalled_or_broken(
 
     answered, silent = asyncio.run(go())
     assert answered is alive and silent is False
+
+
+def test_a_childs_port_is_bound_before_it_starts_and_kept_across_restarts(tmp_path: Path) -> None:
+    """A port chosen free and bound later by the child was taken by another process in
+    between under load ("address already in use"), which ended the run; the parent now
+    binds it first and passes the socket, so a process that tries to take the port
+    meanwhile cannot."""
+    children = Children(tmp_path / "logs", env={"CADENCE_TOKEN": "s3cret"}, grace_s=5.0)
+    url = children.start("environment", ["environment"])
+    port = int(url.rsplit(":", 1)[1])
+
+    def taken() -> bool:
+        """Whether another process fails to bind the port (at once: the child has not yet
+        imported anything, let alone bound a port of its own)."""
+        with socket.socket() as other:
+            try:
+                other.bind(("127.0.0.1", port))
+            except OSError:
+                return True
+            return False
+
+    try:
+        assert taken()
+        asyncio.run(children.healthy("environment", within_s=60))
+        children.kill("environment")
+        assert children.restart("environment") == url
+        assert taken()
+        asyncio.run(children.healthy("environment", within_s=60))
+    finally:
+        children.stop()
