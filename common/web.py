@@ -49,6 +49,10 @@ from cadence.common.problem import Problem
 
 # A body larger than this is refused as it streams, before it is parsed (413).
 MAX_BODY_BYTES = 8 * 1024 * 1024
+# A body must arrive whole within this many seconds of its request's start (408): a
+# client holding the token could otherwise keep a request, and what it holds, open for
+# ever by sending a byte a minute. The largest body takes well under a second here.
+BODY_DEADLINE_S = 60.0
 # The environment variables naming the pool's bearer token and the CA bundle clients
 # verify services with.
 TOKEN_ENV = "CADENCE_TOKEN"
@@ -90,6 +94,14 @@ def _bearer(headers: Headers, token: str) -> bool:
 
 class _TooLarge(Exception):
     """Raised into whatever reads a body past the limit, to stop it reading."""
+
+
+class _TooSlow(Exception):
+    """Raised into whatever reads a body past its deadline, to stop it waiting."""
+
+
+def _too_slow() -> JSONResponse:
+    return problem(408, "too_slow", f"the body did not arrive within {BODY_DEADLINE_S:g} s")
 
 
 class _Gate:
@@ -139,13 +151,23 @@ class _Gate:
         return any(d.call is self.guard or self._depends(d) for d in dependant.dependencies)
 
     async def _limited(self, scope: Scope, receive: Receive, send: Send) -> None:
-        read, over, started = 0, False, False
+        read, over, late, whole, started = 0, False, False, False, False
+        deadline = asyncio.get_running_loop().time() + BODY_DEADLINE_S
 
         async def counted() -> Message:
-            nonlocal read, over
-            message = await receive()
+            nonlocal read, over, late, whole
+            if whole:  # the body is in: what is read now is the client leaving
+                return await receive()
+            try:
+                message = await asyncio.wait_for(
+                    receive(), max(0.0, deadline - asyncio.get_running_loop().time())
+                )
+            except TimeoutError:
+                late = True
+                raise _TooSlow from None
             if message["type"] == "http.request":
                 read += len(message.get("body", b""))
+                whole = not message.get("more_body", False)
                 if read > MAX_BODY_BYTES:
                     over = True
                     raise _TooLarge
@@ -153,18 +175,18 @@ class _Gate:
 
         async def sending(message: Message) -> None:
             nonlocal started
-            if over and not started:
-                return  # what the app made of the cut-off body; the 413 below replaces it
+            if (over or late) and not started:
+                return  # what the app made of the cut-off body; the answer below replaces it
             started = started or message["type"] == "http.response.start"
             await send(message)
 
         try:
             await self.app(scope, counted, sending)
         except Exception:
-            if not over or started:
+            if not (over or late) or started:
                 raise
-        if over and not started:
-            await _too_large()(scope, receive, send)
+        if (over or late) and not started:
+            await (_too_large() if over else _too_slow())(scope, receive, send)
 
 
 def _clip(text: str, most: int) -> str:

@@ -8,6 +8,7 @@ the reference environment."""
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
 import subprocess
 import sys
@@ -20,6 +21,7 @@ import httpx
 import pytest
 import uvicorn
 from fastapi import FastAPI
+from starlette.types import Message
 
 from cadence.common import web
 from cadence.common.web import MAX_BODY_BYTES
@@ -213,8 +215,10 @@ def test_a_connection_that_never_completes_its_headers_is_closed_and_others_are_
 
 _SERVES_THEN_WAITS = """
 import asyncio
+import json
 import uvicorn
 from fastapi import FastAPI
+from starlette.types import Message
 from cadence.common import web
 
 app = FastAPI()
@@ -255,3 +259,51 @@ def test_ctrl_c_reaches_a_program_that_serves_in_process() -> None:
     finally:
         program.kill()
     assert program.returncode != 0 and "KeyboardInterrupt" in err
+
+
+def test_a_body_that_trickles_in_past_its_deadline_is_refused_with_408(
+    service: Service, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A token holder sending a byte now and then held its request open for ever."""
+    monkeypatch.setattr(web, "BODY_DEADLINE_S", 0.2)
+    answered: list[Message] = []
+
+    async def go() -> None:
+        sent = False
+
+        async def receive() -> Message:
+            nonlocal sent
+            if not sent:
+                sent = True
+                return {"type": "http.request", "body": b"{", "more_body": True}
+            await asyncio.sleep(3600)  # the rest never comes
+            raise AssertionError("unreachable")
+
+        async def send(message: Message) -> None:
+            answered.append(message)
+
+        scope = {
+            "type": "http",
+            "asgi": {"version": "3.0"},
+            "http_version": "1.1",
+            "method": "POST",
+            "path": service.guarded,
+            "raw_path": service.guarded.encode(),
+            "query_string": b"",
+            "root_path": "",
+            "scheme": "http",
+            "server": ("svc", 80),
+            "client": ("127.0.0.1", 1),
+            "headers": [
+                (b"authorization", AUTH["Authorization"].encode()),
+                (b"content-type", b"application/json"),
+            ],
+        }
+        await asyncio.wait_for(service.app(scope, receive, send), timeout=30)
+
+    asyncio.run(go())
+    start = next(m for m in answered if m["type"] == "http.response.start")
+    body = json.loads(
+        b"".join(m.get("body", b"") for m in answered if m["type"] == "http.response.body")
+    )
+    assert start["status"] == 408 and body["reason"] == "too_slow"
