@@ -51,6 +51,7 @@ class TraceRecorder:
     _after: int = -1  # the last accepted delivery recorded
     _versions: set[int] = field(default_factory=set)
     _read_at: float | None = None
+    stopped: str | None = None  # why the trace stopped before the run ended, if it did
 
     def open(self) -> None:
         self._writer = Writer(self.path, self.header)
@@ -136,6 +137,7 @@ class TraceRecorder:
             self._writer.write(*records)
         except OSError as e:
             log.warning("the trace %s stops here: %s", self.path, e)
+            self.stopped = f"it could not be written after {self._at():.0f} s: {e}"
             with contextlib.suppress(OSError):
                 self._writer.close()
             self._writer = None

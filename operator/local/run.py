@@ -224,7 +224,7 @@ async def run(
         ]
         if "environment" in sup.state:
             await sup.healthy("environment", within_s=60)
-        state = Progress(policy)
+        state = Progress(policy, started=time.monotonic() - elapsed.before)
         await sup.healthy("trainer", within_s=300)
         if config.task == "external":
             _invite(workdir, trainer_url, token, model, config)
@@ -322,7 +322,7 @@ async def run(
     measures["resumed"] = options.resume
     if recorder is not None:
         recorder.close(_summary(measures))
-        measures["trace"] = str(recorder.path)
+        measures.update(trace_measures(recorder))
     return RunResult(measures, timeline, _read_arrivals(config), wall_started, loop.events)
 
 
@@ -402,6 +402,18 @@ async def _requeue_in_flight(client: TrainerClient) -> int:
             if e.status != 409:
                 raise
     return requeued
+
+
+def trace_measures(recorder: TraceRecorder) -> dict[str, object]:
+    """Where the run's trace is, and, when it does not hold the whole run (it could not be
+    written, or its file was deleted meanwhile), why: run.json says so, not only the log."""
+    there = recorder.path.exists()
+    out: dict[str, object] = {"trace": str(recorder.path) if there else None}
+    incomplete = recorder.stopped or (None if there else f"{recorder.path} was deleted")
+    if incomplete is not None:
+        log.warning("the trace is incomplete: %s", incomplete)
+        out["trace_incomplete"] = incomplete
+    return out
 
 
 def _summary(measures: Mapping[str, object]) -> Summary:

@@ -12,6 +12,7 @@ import pytest
 
 from cadence.common.trace import Summary, read
 from cadence.operator.control.trace import TraceRecorder
+from cadence.operator.local.run import trace_measures
 from cadence.scheduler.actions import Evict, EvictReason, Place
 from cadence.trainer.api import Ended, EndedPage, EndedTurn, RunStats
 from cadence.trainer.client import TrainerClient
@@ -151,3 +152,23 @@ def test_a_trace_that_cannot_be_written_stops_the_trace_not_the_loop(
     r.close(Summary(wall_seconds=1, throughput_tok_s=1))
     assert [m for m in caplog.messages if "stops here" in m]
     assert len(read(tmp_path / "t.jsonl").steps) == 0  # what was written before stays
+    assert r.stopped is not None and "could not be written" in r.stopped  # run.json says so
+
+
+def test_run_json_says_when_its_trace_is_incomplete_or_gone(tmp_path: Path) -> None:
+    trainer, now = FakeTrainer(), [0.0]
+    whole = _recorder(tmp_path / "whole.jsonl", trainer, now)
+    whole.close()
+    assert trace_measures(whole) == {"trace": str(tmp_path / "whole.jsonl")}
+    gone = _recorder(tmp_path / "gone.jsonl", trainer, now)
+    gone.close()
+    (tmp_path / "gone.jsonl").unlink()
+    said = trace_measures(gone)
+    assert said["trace"] is None and "was deleted" in str(said["trace_incomplete"])
+    full = _recorder(tmp_path / "full.jsonl", trainer, now)
+    assert full._writer is not None
+    full._writer._file = Path("/dev/full").open("w", encoding="utf-8")  # noqa: SIM115
+    full.observed({"w0": _state("w0", 10, 1.0)})
+    full.observed({"w0": _state("w0", 30, 2.0)})
+    full.close()
+    assert "could not be written" in str(trace_measures(full)["trace_incomplete"])
