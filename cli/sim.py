@@ -108,12 +108,15 @@ def _read_scenario(path: Path) -> Scenario:
     if _holds_resources(path):
         from cadence.operator.api.files import load  # noqa: PLC0415
         from cadence.operator.api.resources import ResourceError  # noqa: PLC0415
-        from cadence.operator.api.simulate import scenario_of  # noqa: PLC0415
+        from cadence.operator.api.simulate import scenario_of, with_autoscaling  # noqa: PLC0415
 
         try:
-            return scenario_of(*load(path))
+            pool, run = load(path)
+            return with_autoscaling(scenario_of(pool, run), pool)
         except ResourceError as e:
             raise UsageError(str(e)) from None
+        except ValidationError as e:
+            raise UsageError(validation_sentence("pool's autoscaling", path, e, Scenario)) from None
     try:
         return Scenario.load(path)
     except OSError as e:

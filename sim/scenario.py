@@ -362,6 +362,17 @@ class Scenario(Strict):
         if self.workload.prompt_tokens >= self.max_model_len:
             raise ValueError("prompt_tokens must be below max_model_len")
         self._deployments = tuple(self._deploy(g) for g in self.groups)
+        if self.autoscaling is not None:
+            cost = sum(
+                d.deployment.accelerator.price_per_hour.value * d.deployment.tp * d.workers
+                for d in self._deployments
+                if d.deployment.accelerator.price_per_hour is not None
+            )
+            if cost > self.autoscaling.budget_per_hour * (1 + 1e-9):  # sums of prices round
+                raise ValueError(
+                    f"autoscaling.budget_per_hour {self.autoscaling.budget_per_hour:g} is below "
+                    f"the pool's starting cost of {cost:.4g} an hour"
+                )
         return self
 
     def _deploy(self, group: Group) -> GroupDeployment:

@@ -33,7 +33,9 @@ from cadence.operator.api.resources import (
     TrainingRun,
 )
 from cadence.operator.api.settings import knobs_of
+from cadence.sim.laws import MAX_DEVICES
 from cadence.sim.scenario import (
+    Autoscaling,
     Physics,
     Scenario,
     Scheduling,
@@ -148,3 +150,39 @@ def _lengths(batch: BatchSpec, w: SimWorkload) -> dict[str, Any]:
         "sigma_between_groups": 0.0,
         "sigma_within_group": 0.0,
     }
+
+
+def with_autoscaling(scenario: Scenario, pool: RolloutPool) -> Scenario:
+    """`scenario` resized during its run as the pool's autoscaler would resize it, each
+    group between its minReplicas and maxReplicas; unchanged for a pool that does not
+    autoscale. (A `cadence run` keeps its pool's size, so its trace header does not.)"""
+    a = pool.spec.autoscaling
+    if not a.enabled or a.budget_per_hour is None:
+        return scenario
+    bounds = {g.name: g for g in pool.spec.groups}
+    groups = [
+        g.model_copy(
+            update={
+                "min_workers": min(bounds[g.name].min_replicas, MAX_DEVICES),
+                "max_workers": max(1, min(bounds[g.name].max_replicas, MAX_DEVICES)),
+            }
+        )
+        for g in scenario.groups
+    ]
+    autoscaling = Autoscaling(
+        budget_per_hour=a.budget_per_hour,
+        objective="tail_latency" if a.objective == "tailLatency" else "throughput_per_dollar",
+        period_s=a.period_s,
+        scale_up_stabilization_s=a.scale_up_stabilization_s,
+        scale_down_stabilization_s=a.scale_down_stabilization_s,
+        max_step=a.max_step,
+        target_utilization=a.target_utilization,
+        demand_memory_s=a.demand_memory_s,
+    )
+    return Scenario.model_validate(
+        {
+            **scenario.model_dump(exclude_unset=True),
+            "groups": [g.model_dump(exclude_unset=True) for g in groups],
+            "autoscaling": autoscaling.model_dump(),
+        }
+    )

@@ -9,7 +9,8 @@ import pytest
 import yaml
 
 from cadence.cli import main
-from tests.helpers import TINY_SCENARIO
+from cadence.cli.sim import load_scenario
+from tests.helpers import TINY_SCENARIO, TRAINING_RUN
 
 TINY = TINY_SCENARIO
 
@@ -142,3 +143,36 @@ def test_a_pinned_floor_below_one_periods_growth_runs_with_a_warning(
     assert "warning" not in capsys.readouterr().err
     assert main([*argv, "--set", "scheduling.h_min=-1"]) == 2
     assert "must be auto or a number of tokens" in capsys.readouterr().err
+
+
+def _autoscaled(tmp_path: Path, budget: float) -> Path:
+    """The README's example with its pool autoscaling under `budget` an hour."""
+    docs = list(yaml.safe_load_all(TRAINING_RUN.read_text()))
+    pool = next(d for d in docs if d["kind"] == "RolloutPool")
+    pool["spec"]["autoscaling"] = {"enabled": True, "budgetPerHour": budget}
+    pool["spec"]["groups"][0]["maxReplicas"] = 5
+    path = tmp_path / "autoscaled.yaml"
+    path.write_text(yaml.safe_dump_all(docs))
+    return path
+
+
+def test_a_pools_autoscaling_is_simulated_not_dropped(tmp_path: Path) -> None:
+    scenario = load_scenario(_autoscaled(tmp_path, 20.0))
+    assert scenario.autoscaling is not None and scenario.autoscaling.budget_per_hour == 20.0
+    assert scenario.groups[0].max_workers == 5
+
+
+def test_an_autoscaling_budget_below_the_pools_cost_is_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Two H800 at 2.0 and two A910X at 1.2: 6.4 an hour as the pool starts.
+    assert main(["sim", "--scenario", str(_autoscaled(tmp_path, 5.0))]) == 2
+    err = capsys.readouterr().err
+    assert "budgetPerHour 5 is below the pool's starting cost of 6.4 an hour" in err
+    assert err.count("\n") == 1
+    raw = yaml.safe_load(TINY_SCENARIO.read_text())
+    raw["autoscaling"] = {"budget_per_hour": 0.01}
+    scenario = tmp_path / "scenario.yaml"
+    scenario.write_text(yaml.safe_dump(raw))
+    assert main(["sim", "--scenario", str(scenario)]) == 2
+    assert "budget_per_hour 0.01 is below the pool's starting cost" in capsys.readouterr().err
