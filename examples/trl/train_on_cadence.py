@@ -30,6 +30,7 @@ import contextlib
 import json
 import os
 import random
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -45,8 +46,10 @@ from trl.experimental.async_grpo.async_grpo_trainer import AsyncGRPOTrainer
 from cadence.integrations.trl import (
     CadenceRolloutWorker,
     CadenceWeightTransfer,
+    NoInvitation,
     agreeing,
     run_settings,
+    wait_for_invitation,
 )
 from cadence.integrations.trl.cpu import CPU_SETTINGS, run_on_cpu
 from cadence.operator.local.external import external_run
@@ -84,7 +87,10 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=30)
     parser.add_argument("--eta", type=int, default=1)
     parser.add_argument("--learning-rate", type=float, default=0.02)
-    parser.add_argument("--connect", type=Path, help="the external.json `cadence run` wrote")
+    parser.add_argument("--connect", type=Path, help="the external.json `cadence run` writes")
+    parser.add_argument(
+        "--wait-s", type=float, default=300.0, help="how long to wait for --connect's file"
+    )
     parser.add_argument("--url", help="a Cadence run's trainer; default: one started here")
     parser.add_argument("--token-file", type=Path)
     parser.add_argument("--weights-url", help="where the pool fetches the published files")
@@ -95,9 +101,12 @@ def main() -> None:
     work = a.work or Path(tempfile.mkdtemp(prefix="trl-on-cadence-"))
     publish = work / "publish"
     if a.connect is not None:  # a run `cadence run` started: its trainer, model, folder
-        invitation = json.loads(a.connect.read_text())
-        a.url, a.token_file = invitation["url"], Path(invitation["token_file"])
-        a.model, publish = Path(invitation["model"]), Path(invitation["publish_dir"])
+        try:
+            invitation = wait_for_invitation(a.connect, timeout_s=a.wait_s)
+        except NoInvitation as e:
+            sys.exit(f"train_on_cadence: {e}")
+        a.url, a.token_file = invitation.url, invitation.token_file
+        a.model, publish = invitation.model, invitation.publish_dir
     model = a.model or make_tiny_llama(work / "model")
     rng = random.Random(0)
     dataset = [

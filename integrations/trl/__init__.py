@@ -11,6 +11,7 @@ one sentence naming both settings, a TRL configuration the run would not honour;
 Install with `pip install "cadence[trl]"`; the versions tested are in pyproject.toml."""
 
 from cadence.integrations.trl.agreement import Disagreement, agreeing, check_agreement
+from cadence.integrations.trl.invitation import Invitation, NoInvitation, wait_for_invitation
 from cadence.integrations.trl.rollout import CadenceRolloutWorker, run_settings
 from cadence.integrations.trl.weights import CadenceWeightTransfer
 
@@ -18,7 +19,10 @@ __all__ = [
     "CadenceRolloutWorker",
     "CadenceWeightTransfer",
     "Disagreement",
+    "Invitation",
+    "NoInvitation",
     "agreeing",
     "check_agreement",
     "run_settings",
+    "wait_for_invitation",
 ]

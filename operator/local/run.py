@@ -438,13 +438,15 @@ def _invite(workdir: Path, url: str, token: str, model: Path, config: TrainerCon
     secret.touch(mode=0o600)
     secret.write_text(token + "\n")
     where = workdir / "external.json"
-    invitation = {
+    invitation = {  # absolute: the external trainer may run from another folder
         "url": url,
-        "token_file": str(secret),
-        "model": str(model),
-        "publish_dir": str(config.publish_from),
+        "token_file": str(secret.resolve()),
+        "model": str(model.resolve()),
+        "publish_dir": str(config.publish_from.resolve()),
     }
-    where.write_text(json.dumps(invitation, indent=2) + "\n")
+    partial = where.with_name(where.name + ".partial")  # never read half written
+    partial.write_text(json.dumps(invitation, indent=2) + "\n")
+    partial.replace(where)
     log.warning("waiting for an external trainer: it connects with %s", where)
 
 
