@@ -11,6 +11,7 @@ import pytest
 
 from cadence.cli import main
 from cadence.operator.api.files import load
+from cadence.operator.api.resources import ResourceError
 from cadence.operator.api.settings import knobs_of
 from cadence.operator.api.simulate import SimWorkload, scenario_of
 from tests.helpers import LONGTAIL, TRAINING_RUN
@@ -74,3 +75,21 @@ def test_the_long_tailed_file_simulates_on_the_pool_its_run_sizes(
     argv = ["sim", "--scenario", str(LONGTAIL), "--policies", "cadence", "--json", str(out)]
     assert main([*argv, "--set", "workload.iterations=2"]) == 0, capsys.readouterr().err
     assert json.loads(out.read_text())["policies"]["cadence"]["throughput_tok_s"] > 0
+
+
+def test_a_run_as_long_as_real_training_is_accepted_everywhere_and_past_the_bound_refused(
+    tmp_path: Path, tiny_model: Path
+) -> None:
+    """A run of 1,001 iterations started its processes, then died on the trace header
+    (the simulator stopped at 1,000); every part now takes the same bound."""
+    from cadence.operator.api.settings import trainer_config  # noqa: PLC0415
+
+    long = tmp_path / "long.yaml"
+    long.write_text(TRAINING_RUN.read_text().replace("iterations: 30", "iterations: 5000"))
+    pool, run = load(long)
+    assert scenario_of(pool, run).workload.iterations == 5000
+    assert trainer_config(run, tiny_model, tmp_path / "t", "cadence").iterations == 5000
+    past = tmp_path / "past.yaml"
+    past.write_text(TRAINING_RUN.read_text().replace("iterations: 30", "iterations: 1000001"))
+    with pytest.raises(ResourceError, match=r"spec.batch.iterations: .*1000000"):
+        load(past)
