@@ -77,23 +77,21 @@ def output_folder(text: str) -> Path:
 
 def positive_number(text: str) -> float:
     """An argparse type: a positive, finite number."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not 0.0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"{text} must be positive and finite")
-    return value
+    return _positive(text, "a number", "")
 
 
 def positive_seconds(text: str) -> float:
     """An argparse type: a positive, finite number of seconds."""
+    return _positive(text, "a number of seconds", " s")
+
+
+def _positive(text: str, what: str, unit: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+        raise argparse.ArgumentTypeError(f"{text!r} is not {what}") from None
     if not 0.0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"{text} s must be positive and finite")
+        raise argparse.ArgumentTypeError(f"{text}{unit} must be positive and finite")
     return value
 
 
