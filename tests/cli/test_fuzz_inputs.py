@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cadence.cli import main
+from cadence.common.trace import Summary
 from tests.common import trace_factories
 from tests.helpers import LONGTAIL, TINY_SCENARIO
 
@@ -74,7 +75,7 @@ _TRACE_LINES = [
         *_TRACE.trajectories[:4],
         *_TRACE.steps,
         *_TRACE.updates,
-        trace_factories.Summary(wall_seconds=10, throughput_tok_s=100),
+        Summary(wall_seconds=10, throughput_tok_s=100),
     ]
 ]
 # The bounded numbers of each record kind, as paths into its JSON.
