@@ -78,6 +78,21 @@ def check_capacity(pool: RolloutPool, run: TrainingRun) -> None:
         raise StrandingError(f"{run.spec.model.catalog} on this pool: {e}") from None
 
 
+def check_budget(pool: RolloutPool) -> None:
+    """An autoscaler whose budget is below what the pool costs as it starts could only
+    shrink it: a mistake in the budget, refused before anything starts."""
+    scaling = pool.spec.autoscaling
+    if not scaling.enabled or scaling.budget_per_hour is None:
+        return
+    cost = sum(g.replicas * hourly_price(g) for g in pool.spec.groups)
+    if cost > scaling.budget_per_hour * (1 + 1e-9):  # sums of prices round
+        raise ResourceError(
+            f"RolloutPool spec.autoscaling.budgetPerHour: {scaling.budget_per_hour:g} is below "
+            f"the pool's starting cost of {cost:.4g} an hour (its groups' replicas at their "
+            "prices)"
+        )
+
+
 def check_pair(pool: RolloutPool, run: TrainingRun) -> None:
     """Rules across the two resources."""
     if run.spec.pool != pool.metadata.name:

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ValidationError
 
 from cadence.common.complaints import first_complaint
 from cadence.common.inputs import read_input
-from cadence.operator.api.capacity import check_pair
+from cadence.operator.api.capacity import check_budget, check_pair
 from cadence.operator.api.resources import ResourceError, RolloutPool, TrainingRun
 from cadence.operator.api.simulate import scenario_of
 
@@ -54,6 +54,7 @@ def load(path: Path) -> tuple[RolloutPool, TrainingRun]:
         if kind not in found:
             raise ResourceError(f"{path} holds no {kind}")
     pool, run = found["RolloutPool"], found["TrainingRun"]
+    check_budget(pool)
     check_pair(pool, run)
     try:  # a run's trace header is this scenario: a run it cannot hold stops here
         scenario_of(pool, run)

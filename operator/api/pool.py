@@ -351,20 +351,3 @@ class RolloutPool(Spec):
                     "named pool-group-index)"
                 )
         return self
-
-    @model_validator(mode="after")
-    def _affordable(self) -> Self:
-        """An autoscaler whose budget is below what the pool costs as it starts could
-        only shrink it; that is a mistake in the budget, said before anything starts."""
-        scaling = self.spec.autoscaling
-        if not scaling.enabled or scaling.budget_per_hour is None:
-            return self
-        from cadence.operator.api.capacity import hourly_price  # noqa: PLC0415 (a cycle)
-
-        cost = sum(g.replicas * hourly_price(g) for g in self.spec.groups)
-        if cost > scaling.budget_per_hour * (1 + 1e-9):  # sums of prices round
-            raise ValueError(
-                f"autoscaling.budgetPerHour {scaling.budget_per_hour:g} is below the pool's "
-                f"starting cost of {cost:.4g} an hour (its groups' replicas at their prices)"
-            )
-        return self

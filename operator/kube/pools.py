@@ -7,14 +7,17 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from cadence.operator.api.capacity import check_budget
 from cadence.operator.api.resources import (
     API_VERSION,
+    ResourceError,
     RolloutPool,
 )
 from cadence.operator.kube import children
 from cadence.operator.kube.client import KubeError, path
 from cadence.operator.kube.reconciling import (
     Events,
+    Invalid,
     ReconcilerBase,
     Status,
     condition,
@@ -26,6 +29,10 @@ from cadence.operator.kube.reconciling import (
 class PoolReconciler(ReconcilerBase):
     async def pool(self, body: Mapping[str, Any], events: Events) -> Status:
         pool: RolloutPool = validated(RolloutPool, body)
+        try:
+            check_budget(pool)
+        except ResourceError as e:
+            raise Invalid(str(e).removeprefix("RolloutPool ")) from None
         ns = pool.metadata.namespace
         kept = set()
         refused = []  # one group the API server refuses must not hold up the others

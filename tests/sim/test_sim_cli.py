@@ -168,7 +168,7 @@ def test_an_autoscaling_budget_below_the_pools_cost_is_exit_2(
     # Two H800 at 2.0 and two A910X at 1.2: 6.4 an hour as the pool starts.
     assert main(["sim", "--scenario", str(_autoscaled(tmp_path, 5.0))]) == 2
     err = capsys.readouterr().err
-    assert "budgetPerHour 5 is below the pool's starting cost of 6.4 an hour" in err
+    assert "budgetPerHour: 5 is below the pool's starting cost of 6.4 an hour" in err
     assert err.count("\n") == 1
     raw = yaml.safe_load(TINY_SCENARIO.read_text())
     raw["autoscaling"] = {"budget_per_hour": 0.01}

@@ -107,6 +107,18 @@ def test_an_invalid_pool_is_refused_with_the_field_named() -> None:
     assert kube.of_kind("RolloutGroup") == []
 
 
+def test_an_autoscaling_budget_below_the_pools_cost_is_invalid_before_any_group() -> None:
+    kube = MemoryKube()
+    poor = example("RolloutPool")  # two H800 at 2.0 and two A910X at 1.2: 6.4 an hour
+    poor["spec"]["autoscaling"] = {"enabled": True, "budgetPerHour": 5.0}
+    handling, said = Handling(Reconciler(kube)), _Said()
+    handling.post = said
+    patch = asyncio.run(_handle(handling, "rolloutpools", kube.put(poor)))
+    assert _conditions(patch)["Degraded"] == ("True", "Invalid")
+    assert "budgetPerHour: 5 is below the pool's starting cost of 6.4" in said.events[0][1]
+    assert kube.of_kind("RolloutGroup") == []
+
+
 class _Said:
     """The Events a handler posted: (reason, message, warning)."""
 
