@@ -45,12 +45,13 @@ def _prompts(n: int, tokens: int) -> Iterator[SubmittedPrompt]:
         yield SubmittedPrompt(prompt_token_ids=[1 + (i + k) % 900 for k in range(tokens)])
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_a_dataset_past_one_requests_limits_is_queued_whole_and_in_order(
     tiny_model: Path, tmp_path: Path
 ) -> None:
-    many = 120_000  # past the 100,000 prompts one request takes
-    trainer = _external(tiny_model, tmp_path / "many", batch_groups=200, iterations=600)
+    many = 200_000  # twice the 100,000 prompts one request takes
+    trainer = _external(tiny_model, tmp_path / "many", batch_groups=200, iterations=1_000)
     wide = _external(tiny_model, tmp_path / "wide", batch_groups=3, iterations=1_000)
     long = 1_000  # 3,000 prompts of 1,000 token ids: past the 8 MiB body limit
     assert 3_000 * long * 4 > MAX_BODY_BYTES
