@@ -208,10 +208,10 @@ def _degree(base: Scenario, group: Group) -> int | None:
     if group.tensor_parallel is not None:
         return group.tensor_parallel
     probe = {**group.model_dump(exclude_unset=True), "name": "probe", "devices": 8}
+    raw = base.model_dump(exclude_unset=True)
+    raw.pop("autoscaling", None)  # a fixed probe: its cost is no budget's concern
     try:
-        deployed = Scenario.model_validate(
-            {**base.model_dump(exclude_unset=True), "groups": [probe]}
-        )
+        deployed = Scenario.model_validate({**raw, "groups": [probe]})
     except ValueError:
         return None
     return deployed.deployments()[0].deployment.tp
