@@ -151,7 +151,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     except StateInUse as e:
         raise UsageError(f"{e}; give another --workdir") from None
     try:
-        _check_resume(args, pool, training, policies, workdir)
+        _check_resume(args, training, policies, workdir)
         return _run_each(
             args, pool=pool, training=training, policies=policies, workdir=workdir, targets=targets
         )
@@ -165,7 +165,6 @@ def _folder(workdir: Path, policies: list[str | None], name: str | None) -> Path
 
 def _check_resume(
     args: argparse.Namespace,
-    pool: RolloutPool,
     training: TrainingRun,
     policies: list[str | None],
     workdir: Path,
@@ -185,7 +184,7 @@ def _check_resume(
     for name in held:
         folder = _folder(workdir, policies, name)
         try:
-            local.check_resumable(pool, training, folder, name, args.seed)
+            local.check_resumable(training, folder, name, args.seed)
         except ValueError as e:
             raise UsageError(str(e)) from None
 

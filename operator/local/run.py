@@ -149,13 +149,11 @@ def _trainer_config(
     return config
 
 
-def check_resumable(
-    pool: RolloutPool, training: TrainingRun, workdir: Path, policy: str | None, seed: int
-) -> None:
+def check_resumable(training: TrainingRun, workdir: Path, policy: str | None, seed: int) -> None:
     """Whether the run in `workdir` can go on under these settings: its trainer was
     configured by the same file, policy and seed (its ledger was made for them), and its
-    model is still there. ValueError says what differs."""
-    del pool  # the pool may change between a run's parts: its workers are new ones
+    model is still there (the pool may differ: its workers are new ones). ValueError
+    says what differs."""
     saved = workdir / "trainer.json"
     try:
         before = TrainerConfig.model_validate_json(saved.read_text())
@@ -231,7 +229,7 @@ async def run(
         client = TrainerClient(trainer_url, token)
         if options.resume:
             requeued = await _requeue_in_flight(client)
-            state.events.append(f"resumed: {requeued} samples in flight admitted again")
+            log.warning("resumed: %d samples in flight are admitted again", requeued)
         await sup.start_pool(workers, options.hosts)
         knobs = dataclasses.replace(knobs_of(training, pool), migration=migration)
         started, wall_started = time.monotonic(), time.time()

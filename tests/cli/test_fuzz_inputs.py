@@ -63,6 +63,12 @@ def _yaml_value(value: Any) -> Any:
     )
 
 
+def _set_at(node: Any, path: tuple[Any, ...], value: Any) -> None:
+    for part in path[:-1]:
+        node = node[part]
+    node[path[-1]] = value
+
+
 # --- traces --------------------------------------------------------------------------
 
 _TRACE = trace_factories.trace(
@@ -101,12 +107,8 @@ def hostile_traces(draw: st.DrawFn) -> bytes:
     how = draw(st.sampled_from(["number", "deep", "cut", "binary", "format"]))
     if how == "number":
         record = json.loads(lines[n])
-        path = draw(st.sampled_from(_NUMBERS[record["kind"]]))
-        node = record
-        for part in path[:-1]:
-            node = node[part]
         marker = "\u2063HOSTILE\u2063"
-        node[path[-1]] = marker
+        _set_at(record, draw(st.sampled_from(_NUMBERS[record["kind"]])), marker)
         lines[n] = json.dumps(record).replace(
             json.dumps(marker), _json_text(draw(st.sampled_from(HOSTILE)))
         )
@@ -159,10 +161,7 @@ def hostile_scenarios(draw: st.DrawFn) -> bytes:
         return draw(hostile_traces())
     raw = copy.deepcopy(_SCENARIO)
     path = draw(st.sampled_from(_SCENARIO_NUMBERS))
-    node: Any = raw
-    for part in path[:-1]:
-        node = node[part]
-    node[path[-1]] = _yaml_value(draw(st.sampled_from(HOSTILE)))
+    _set_at(raw, path, _yaml_value(draw(st.sampled_from(HOSTILE))))
     return yaml.safe_dump(raw).encode()
 
 
@@ -216,10 +215,8 @@ def hostile_runs(draw: st.DrawFn) -> bytes:
         doc["kind"] = draw(st.sampled_from(others))  # another's kind: two of one, none of it
         return yaml.safe_dump_all(docs).encode()
     path = draw(st.sampled_from(_RUN_NUMBERS))
-    node: Any = next(d for d in docs if d["kind"] == path[0])
-    for part in path[1:-1]:
-        node = node[part]
-    node[path[-1]] = _yaml_value(draw(st.sampled_from(HOSTILE)))
+    doc = next(d for d in docs if d["kind"] == path[0])
+    _set_at(doc, path[1:], _yaml_value(draw(st.sampled_from(HOSTILE))))
     return yaml.safe_dump_all(docs).encode()
 
 
